@@ -22,10 +22,12 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -554,6 +556,83 @@ def test_a_rebuild_into_a_database_not_migrated_is_refused_before_it_reads(
         assert not [t for t in inspect_database(engine).get_table_names() if t.endswith("__rebuild")]
     finally:
         engine.dispose()
+
+
+class Failing(DeclarativeBase):
+    pass
+
+
+class ScaleFailing(Failing):
+    """A unit change whose factor the old prices do not take exactly: its upcaster raises."""
+
+    __tablename__ = "evo_scale"
+    __waltz__ = WaltzEntity(
+        "evo_scale", schema_version=2, upcasters=[ScaleAttribute(1, "price", Fraction(1, 10))]
+    )
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    price: Mapped[int] = mapped_column(Integer)
+
+
+def _build_failing(changes: Any, log: Any) -> dict[str, Any]:
+    rows = replay(apply_idempotency(changes))
+    return {"evo_scale": entity_table(rows, EntityRegistry([ScaleFailing]), ScaleFailing)}
+
+
+def _prepare_failing(engine: Engine) -> None:
+    upgrade(engine)
+    Failing.metadata.create_all(engine)
+
+
+def test_a_rebuild_with_the_models_before_the_change_names_the_newer_release_that_wrote_the_log(
+    evolution_log: Log, spark: Any, tmp_path: Path
+) -> None:
+    """``waltz rebuild`` run with the code of the release before the models changed: the job's
+    failure is read as the newer release's record (run the rebuild with that release's code),
+    naming where it is, not as a transaction another cluster wrote (docs/design/sql.md "Schema
+    versions and upcasting")."""
+    from waltz.cli.rebuild import spark_job_failure
+
+    url = prepared(f"sqlite:///{tmp_path / 'old-code.db'}", V1)
+    with pytest.raises(Exception) as failed:
+        rebuild(spark, VIEWS_V1, LogSource.live(evolution_log.cluster.admin_settings()), url)
+    said = "\n".join(spark_job_failure(str(failed.value), "evolution_v1"))
+    assert re.search(
+        r"^error: the log holds a evo_\w+ row change of schema version 2 \(partition \d+ transaction \d+\), "
+        r"newer than the models here \(version 1\): a newer release of the application wrote it; run the "
+        r"rebuild with that release's code$",
+        said,
+    ), said
+    assert _table(url, AddV1) == {}, "the rebuild wrote rows"
+
+
+def test_a_rebuild_whose_upcaster_raises_names_the_upcaster_to_fix(
+    evolution_log: Log, spark: Any, tmp_path: Path
+) -> None:
+    """An upcaster that fails on a record of the log fails the rebuild naming the record, the
+    upcaster and what to do, with nothing written; not as a transaction another cluster wrote."""
+    from waltz.cli.rebuild import spark_job_failure
+
+    views = AppViews(
+        cluster_name=NAME,
+        tables=[ScaleFailing.__table__],
+        prepare=_prepare_failing,
+        build=_build_failing,
+        decoders=DecoderRegistry(),
+        entities=EntityRegistry([ScaleFailing]),
+    )
+    url = prepared(f"sqlite:///{tmp_path / 'failing.db'}", Failing)
+    with pytest.raises(Exception) as failed:
+        rebuild(spark, views, LogSource.live(evolution_log.cluster.admin_settings()), url)
+    said = spark_job_failure(str(failed.value), "evolution")
+    assert len(said) == 2, said
+    assert re.search(
+        r"^error: an upcaster of evolution's models failed on a record of the log: partition \d+ "
+        r"transaction \d+: evo_scale \{'id': \d+\}: scale price by 1/10 of \d+ is \d+/\d+, which an integer "
+        r"cannot hold",
+        said[0],
+    ), said
+    assert "fix the upcaster" in said[1] and "--root" not in said[1], said
+    assert _table(url, ScaleFailing) == {}, "the rebuild wrote rows"
 
 
 # --- a snapshot of the version 1 models, read by version 2 ------------------------------------------

@@ -271,7 +271,7 @@ def rebuild_command(
         from sqlalchemy.exc import SQLAlchemyError
 
         from waltz.jdbc_style.changeset import ChangeSetFormatError
-        from waltz.jdbc_style.upcasting import SchemaVersionAheadError
+        from waltz.jdbc_style.upcasting import SchemaVersionAheadError, UpcastError
         from waltz.spark.schema_check import newer_than_the_models
     except ImportError as exc:
         typer.echo(f"error: {exc}: install waltz-py[sql,spark] for waltz rebuild", err=True)
@@ -342,12 +342,13 @@ def rebuild_command(
             spark, views, source, db, cluster_name=cluster_name, snapshot=from_snapshot, progress=say
         )
         say(f"rebuilt {sum(result.rows.values())} rows in {len(result.rows)} tables in {result.seconds:.1f}s")
+    except SchemaVersionAheadError as exc:  # before its base class, ChangeSetFormatError
+        typer.echo(f"error: the log holds {newer_than_the_models(exc)}", err=True)
+        raise typer.Exit(2) from exc
     except ChangeSetFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
-        _hint_undecodable(app)
-        raise typer.Exit(2) from exc
-    except SchemaVersionAheadError as exc:
-        typer.echo(f"error: the log holds {newer_than_the_models(exc)}", err=True)
+        if not isinstance(exc, UpcastError):  # the application's upcaster, not another log
+            typer.echo(_undecodable_hint(app), err=True)
         raise typer.Exit(2) from exc
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -355,18 +356,42 @@ def rebuild_command(
     except Exception as exc:
         # A failed Spark job (e.g. a read that could not be proven committed, raised in a task).
         if type(exc).__module__.startswith(("pyspark", "py4j")):
-            newer = task_error_line(str(exc), "SchemaVersionAheadError")
-            if newer is not None:  # raised in a task: only its text is here
-                typer.echo(f"error: {_newer_release(newer)}", err=True)
-                raise typer.Exit(2) from exc
-            raised = task_waltz_error(str(exc))
-            # A task that raised one of waltz's errors (a damaged chunk, a read that could not be
-            # proven) said what to do in its message: that line, not the worker's traceback.
-            typer.echo(f"error: the Spark job failed: {raised or exc}", err=True)
-            if ChangeSetFormatError.__name__ in str(exc):
-                _hint_undecodable(app)
+            for line in spark_job_failure(str(exc), app):
+                typer.echo(line, err=True)
             raise typer.Exit(2) from exc
         raise
+
+
+def spark_job_failure(text: str, app: str) -> list[str]:
+    """What ``waltz rebuild`` says of a failed Spark job, from the failure's text (a task's error
+    reaches the driver as its traceback among the JVM's lines): a record of a newer schema version
+    is a newer release's (run the rebuild with its code), a failed upcaster is the application's
+    to fix, and only a record that does not decode at all may be another cluster's (docs/design/sql.md
+    "Schema versions and upcasting").
+
+    Args:
+        text: the failure's text (``str`` of the PySpark exception).
+        app: the application module given to ``--app``.
+
+    Returns:
+        The lines to print, each a sentence.
+    """
+    newer = task_error_line(text, "SchemaVersionAheadError")
+    if newer is not None:
+        return [f"error: {_newer_release(newer)}"]
+    upcast = task_error_line(text, "UpcastError")
+    if upcast is not None:
+        return [
+            f"error: an upcaster of {app}'s models failed on a record of the log: {upcast}",
+            'hint: nothing was rebuilt; fix the upcaster (docs/sql.md, "Changing a model") and rebuild '
+            f"again: `waltz rebuild --app {app} --check` lists the records it fails on",
+        ]
+    # A task that raised another of waltz's errors (a damaged chunk, a read that could not be
+    # proven) said what to do in its message: that line, not the worker's traceback.
+    lines = [f"error: the Spark job failed: {task_waltz_error(text) or text}"]
+    if "ChangeSetFormatError" in text:
+        lines.append(_undecodable_hint(app))
+    return lines
 
 
 def task_error_line(text: str, error: str) -> str | None:
@@ -406,19 +431,20 @@ def _newer_release(message: str) -> str:
     from waltz.spark.schema_check import newer_than_the_models
 
     found = re.match(
+        r"(?:(partition \d+ transaction \d+): )?"
         r"(\S+) row change of schema version (\d+), but this instance's model of \S+ is version (\d+)",
         message,
     )
     if found is None:
         return f"the log holds a record newer than the models here: {message}"
-    entity, version, known = found.groups()
-    return f"the log holds {newer_than_the_models(SchemaVersionAheadError(entity, int(version), int(known)))}"
+    where, entity, version, known = found.groups()
+    error = SchemaVersionAheadError(entity, int(version), int(known), where)
+    return f"the log holds {newer_than_the_models(error)}"
 
 
-def _hint_undecodable(app: str) -> None:
+def _undecodable_hint(app: str) -> str:
     """The hint after a transaction the application's views cannot decode."""
-    typer.echo(
+    return (
         f"hint: the log holds a transaction that {app}'s views cannot decode: check that --root "
-        f"names the cluster {app} writes to",
-        err=True,
+        f"names the cluster {app} writes to"
     )

@@ -74,17 +74,21 @@ class SchemaVersionAheadError(UpcastError, ApplyPausedError):
         entity: the entity's name.
         version: the schema version of the change.
         known: the schema version of this instance's model.
+        where: where the change is when a reader names it (``"partition 1 transaction 8"``), or
+            None; it begins the message.
     """
 
-    def __init__(self, entity: str, version: int, known: int) -> None:
+    def __init__(self, entity: str, version: int, known: int, where: str | None = None) -> None:
         super().__init__(
-            f"{entity} row change of schema version {version}, but this instance's model of {entity} "
+            ("" if where is None else f"{where}: ")
+            + f"{entity} row change of schema version {version}, but this instance's model of {entity} "
             f"is version {known}: the partition waits until this instance runs the newer model "
             "(a rolling deploy under way; nothing is applied or skipped meanwhile)"
         )
         self.entity = entity
         self.version = version
         self.known = known
+        self.where = where
 
 
 #: What to do about an upcaster that fails, said after what it did.

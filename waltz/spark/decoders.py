@@ -40,7 +40,7 @@ from waltz.jdbc_style.changeset import (
     decode_members,
     repeated_key_members,
 )
-from waltz.jdbc_style.upcasting import SchemaChains
+from waltz.jdbc_style.upcasting import SchemaChains, SchemaVersionAheadError, UpcastError
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitRecordFormatError, decode_split_record
 
 __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
@@ -181,6 +181,13 @@ def _decode_one(
         members = registry.decode_members(header, bytes(data))
         if chains is not None:
             members = tuple(chains.upcast(member) for member in members)
+    except SchemaVersionAheadError as exc:
+        # The kind of error is kept, so that the task's failure says what a rebuild makes of it.
+        raise SchemaVersionAheadError(
+            exc.entity, exc.version, exc.known, f"partition {pid} transaction {txid}"
+        ) from exc
+    except UpcastError as exc:
+        raise UpcastError(f"partition {pid} transaction {txid}: {exc}") from exc
     except ChangeSetFormatError as exc:
         raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
     rows: list[tuple[Any, ...]] = []
@@ -243,7 +250,10 @@ def decode_changes(
         ``op_index`` -1 and null entity (so its ``meta`` is kept).
 
     Raises:
-        ChangeSetFormatError: (when the job runs) a transaction could not be decoded.
+        ChangeSetFormatError: (when the job runs) a transaction could not be decoded; its
+            :class:`~waltz.jdbc_style.upcasting.UpcastError` (an upcaster failed) and
+            :class:`~waltz.jdbc_style.upcasting.SchemaVersionAheadError` (a change newer than the
+            models) stay of their kind, named by partition and transaction.
     """
     from pyspark.sql import functions as func
 

@@ -60,8 +60,9 @@ class LogCheck:
 def newer_than_the_models(error: SchemaVersionAheadError) -> str:
     """What a record of a newer schema version means to a rebuild or its check (not to a live
     instance, which waits for its upgrade): the log was written by a newer release."""
+    where = "" if error.where is None else f" ({error.where})"
     return (
-        f"a {error.entity} row change of schema version {error.version}, newer than the models here "
+        f"a {error.entity} row change of schema version {error.version}{where}, newer than the models here "
         f"(version {error.known}): a newer release of the application wrote it; run the rebuild with "
         "that release's code"
     )
