@@ -46,9 +46,10 @@ from waltz.jdbc_style.entity_reads import (
 )
 from waltz.jdbc_style.idempotency import record_idempotency_keys
 from waltz.jdbc_style.rows_at_once import RowsShape, describe_rows
+from waltz.jdbc_style.upcasting import UpcastError
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, decode_split_record
 
-__all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "row_change_problem"]
+__all__ = ["ChangeSetApplyError", "ChangeSetCallbacks", "partial_row_problem", "row_change_problem"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,47 @@ def row_change_problem(
     if moved:
         return f"{what} {dict(change.key)} changes its key attributes {moved}"
     return None
+
+
+def partial_row_problem(
+    change: RowChange, attributes: Collection[str], defaulted: Collection[str]
+) -> str | None:
+    """What keeps a rebuild's replay (:func:`waltz.spark.views.replay`) from rebuilding a row
+    change's row exactly, or None.
+
+    The replay takes a key's last insert or update as its row, with the attributes that change
+    does not carry empty (docs/design/spark.md "Computing views"). The live apply gives them other
+    values: an update that sets only some attributes keeps the others' old values, and an insert
+    gives those it does not carry their column defaults. Such a change would rebuild a table that
+    differs from the live one, so the rebuild refuses it. An insert that leaves out an attribute
+    without a default is no problem: both give it NULL. The live apply refuses such a change too
+    when upcasters made it (docs/design/sql.md "Schema versions and upcasting"): the upcasters do
+    not lead its older version to the model.
+
+    Args:
+        change: the row change (values as decoded, or rendered as text).
+        attributes: every column attribute name of its entity's model.
+        defaulted: the attributes whose columns have a default (SQLAlchemy's or the server's).
+
+    Returns:
+        A sentence naming the change and the attributes it leaves out, or None.
+    """
+    if change.operation is Operation.DELETE:
+        return None
+    wanted = attributes if change.operation is Operation.UPDATE else defaulted
+    missing = sorted(set(wanted) - set(change.values))
+    if not missing:
+        return None
+    if change.operation is Operation.UPDATE:
+        kept, remedy = "old", "carry the whole row, as the entity transactions' updates do"
+    else:
+        kept, remedy = "default", "give them values in the insert"
+    return (
+        f"{change.operation.value} of {change.entity} {dict(change.key)} leaves out {missing}, which "
+        f"the live apply gives their {kept} values and a rebuild cannot ({remedy}; if the model gained "
+        "them after this change was written, raise its schema_version and give the older version an "
+        'AddAttribute upcaster: docs/sql.md, "Changing a model")'
+    )
 
 
 #: Databases whose default collations compare strings exactly (``'abc'``, ``'ABC'`` and
@@ -298,8 +340,46 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
         return ()
 
     def _decode(self, transaction: Transaction) -> tuple[ChangeSet, ...]:
-        upcast = self.registry.schema_chains().upcast
-        return tuple(upcast(member) for member in decode_members(transaction.get_raw_data()))
+        chains = self.registry.schema_chains()
+        written = decode_members(transaction.get_raw_data())
+        members = tuple(chains.upcast(member) for member in written)
+        if chains.upcasts:
+            for before, after in zip(written, members, strict=True):
+                if after is not before:
+                    self._check_upcast(before, after, chains.retired, transaction)
+        return members
+
+    def _check_upcast(
+        self, written: ChangeSet, upcast: ChangeSet, retired: Collection[str], transaction: Transaction
+    ) -> None:
+        """Refuse a row change of an older schema version that its upcasters did not make a row of
+        the current model: one a rebuild cannot replay (:func:`partial_row_problem`: an update
+        without every attribute, an insert without one that has a default), as an attribute the
+        model gained without an ``AddAttribute``. Applied, it would take the column's default, or
+        keep the row's value, where the migrated database holds what the migration gave it, and a
+        rebuild refuses it (docs/design/sql.md "Schema versions and upcasting").
+
+        Raises:
+            UpcastError: naming the transaction, the change, its versions and what it lacks.
+        """
+        kept = [change for change in written.changes if change.entity not in retired]
+        for before, after in zip(kept, upcast.changes, strict=True):
+            if before.schema_version == after.schema_version:
+                continue
+            info = self.registry.by_name(after.entity)
+            if partial_row_problem(after, info.attributes, info.defaulted) is None:
+                continue
+            wanted = info.attributes if after.operation is Operation.UPDATE else info.defaulted
+            missing = sorted(set(wanted) - set(after.values))
+            raise UpcastError(
+                f"{self._where(transaction)}: {after.operation.value} of {after.entity} {dict(after.key)}, "
+                f"written at schema version {before.schema_version} and upcast to {after.schema_version}, "
+                f"lacks {missing}: no upcaster gives them to the older version's changes, so its apply "
+                "would take defaults or keep old values where the migrated database holds what the "
+                f"migration gave, and a rebuild refuses it. Declare AddAttribute({before.schema_version}, "
+                f"{missing[0]!r}, value) with the value the migration gives the rows already there "
+                '(docs/sql.md, "Changing a model"); this transaction is not applied, and never skipped'
+            )
 
     def read_entities(
         self,

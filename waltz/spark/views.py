@@ -15,7 +15,7 @@ so log order per key is well defined.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Engine, Table, types
 
 from waltz.jdbc_style.changeset import Operation, RowChange
+from waltz.jdbc_style.changeset_callbacks import partial_row_problem
 from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
 
@@ -255,44 +256,6 @@ def checked_problems(changes: Any, limit: int = 5) -> list[str]:
         .collect()
     )
     return [f"partition {r.partition_id} transaction {r.transaction_id}: {r.problem}" for r in found]
-
-
-def partial_row_problem(
-    change: RowChange, attributes: Collection[str], defaulted: Collection[str]
-) -> str | None:
-    """What keeps :func:`replay` from rebuilding a row change's row exactly, or None.
-
-    The replay takes a key's last insert or update as its row, with the attributes that change
-    does not carry empty (docs/design/spark.md "Computing views"). The live apply gives them other
-    values: an update that sets only some attributes keeps the others' old values, and an insert
-    gives those it does not carry their column defaults. Such a change would rebuild a table that
-    differs from the live one, so the rebuild refuses it. An insert that leaves out an attribute
-    without a default is no problem: both give it NULL.
-
-    Args:
-        change: the row change (values as decoded, or rendered as text).
-        attributes: every column attribute name of its entity's model.
-        defaulted: the attributes whose columns have a default (SQLAlchemy's or the server's).
-
-    Returns:
-        A sentence naming the change and the attributes it leaves out, or None.
-    """
-    if change.operation is Operation.DELETE:
-        return None
-    wanted = attributes if change.operation is Operation.UPDATE else defaulted
-    missing = sorted(set(wanted) - set(change.values))
-    if not missing:
-        return None
-    if change.operation is Operation.UPDATE:
-        kept, remedy = "old", "carry the whole row, as the entity transactions' updates do"
-    else:
-        kept, remedy = "default", "give them values in the insert"
-    return (
-        f"{change.operation.value} of {change.entity} {dict(change.key)} leaves out {missing}, which "
-        f"the live apply gives their {kept} values and a rebuild cannot ({remedy}; if the model gained "
-        "them after this change was written, raise its schema_version and give the older version an "
-        'AddAttribute upcaster: docs/sql.md, "Changing a model")'
-    )
 
 
 #: The replays to persist while views are built (:func:`caching_replays`), or None.
