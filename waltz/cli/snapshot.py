@@ -141,11 +141,12 @@ def verify(
     from waltz.spark.snapshot import SnapshotError, check_snapshot, verify_snapshot
 
     views = None
-    if app_module is not None:
-        from waltz.cli.rebuild import load_app
-
-        views = load_app(app_module)
     try:
+        if app_module is not None:
+            from waltz.cli.rebuild import load_app
+
+            # Importing the models checks their declarations (a schema_version without upcasters).
+            views = load_app(app_module)
         manifest = verify_snapshot(location)
         lines = check_snapshot(location, views, manifest) if views is not None else []
     except SnapshotError as exc:
