@@ -270,7 +270,7 @@ def rebuild_command(
     try:  # here, not at the top: every `waltz` command would import SQLAlchemy
         from sqlalchemy.exc import SQLAlchemyError
 
-        from waltz.jdbc_style.changeset import ChangeSetFormatError
+        from waltz.jdbc_style.changeset import ChangeSetFormatError, ChangeSetVersionError
         from waltz.jdbc_style.upcasting import SchemaVersionAheadError, UpcastError
         from waltz.spark.schema_check import newer_than_the_models
     except ImportError as exc:
@@ -347,7 +347,7 @@ def rebuild_command(
         raise typer.Exit(2) from exc
     except ChangeSetFormatError as exc:
         typer.echo(f"error: {exc}", err=True)
-        if not isinstance(exc, UpcastError):  # the application's upcaster, not another log
+        if not isinstance(exc, (UpcastError, ChangeSetVersionError)):  # not another cluster's log
             typer.echo(_undecodable_hint(app), err=True)
         raise typer.Exit(2) from exc
     except (WaltzError, ImportError, OSError, SQLAlchemyError) as exc:
@@ -365,8 +365,9 @@ def rebuild_command(
 def spark_job_failure(text: str, app: str) -> list[str]:
     """What ``waltz rebuild`` says of a failed Spark job, from the failure's text (a task's error
     reaches the driver as its traceback among the JVM's lines): a record of a newer schema version
-    is a newer release's (run the rebuild with its code), a failed upcaster is the application's
-    to fix, and only a record that does not decode at all may be another cluster's (docs/design/sql.md
+    is a newer release's (run the rebuild with its code), one of a newer change-set form a newer
+    waltz-py's, a failed upcaster is the application's to fix, and only a record that does not
+    decode at all may be another cluster's (docs/design/sql.md
     "Schema versions and upcasting").
 
     Args:
@@ -385,6 +386,13 @@ def spark_job_failure(text: str, app: str) -> list[str]:
             f"error: an upcaster of {app}'s models failed on a record of the log: {upcast}",
             'hint: nothing was rebuilt; fix the upcaster (docs/sql.md, "Changing a model") and rebuild '
             f"again: `waltz rebuild --app {app} --check` lists the records it fails on",
+        ]
+    form = task_error_line(text, "ChangeSetVersionError")
+    if form is not None:
+        return [
+            f"error: the log holds a record a newer waltz-py wrote: {form}",
+            "hint: nothing was rebuilt; run the rebuild with the waltz-py the application's instances "
+            "run (every reader of a log needs a release that reads its forms)",
         ]
     # A task that raised another of waltz's errors (a damaged chunk, a read that could not be
     # proven) said what to do in its message: that line, not the worker's traceback.

@@ -36,6 +36,7 @@ from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,
     ChangeSetFormatError,
+    ChangeSetVersionError,
     RowChange,
     decode_members,
     repeated_key_members,
@@ -188,6 +189,8 @@ def _decode_one(
         ) from exc
     except UpcastError as exc:
         raise UpcastError(f"partition {pid} transaction {txid}: {exc}") from exc
+    except ChangeSetVersionError as exc:
+        raise ChangeSetVersionError(f"partition {pid} transaction {txid}: {exc}", exc.version) from exc
     except ChangeSetFormatError as exc:
         raise ChangeSetFormatError(f"partition {pid} transaction {txid}: {exc}") from exc
     rows: list[tuple[Any, ...]] = []
@@ -253,7 +256,8 @@ def decode_changes(
         ChangeSetFormatError: (when the job runs) a transaction could not be decoded; its
             :class:`~waltz.jdbc_style.upcasting.UpcastError` (an upcaster failed) and
             :class:`~waltz.jdbc_style.upcasting.SchemaVersionAheadError` (a change newer than the
-            models) stay of their kind, named by partition and transaction.
+            models) and :class:`~waltz.jdbc_style.changeset.ChangeSetVersionError` (a form newer
+            than this code) stay of their kind, named by partition and transaction.
     """
     from pyspark.sql import functions as func
 
