@@ -558,6 +558,26 @@ def test_a_rebuild_into_a_database_not_migrated_is_refused_before_it_reads(
         engine.dispose()
 
 
+def test_a_rebuild_with_older_models_into_a_database_of_the_newer_release_names_both_ways_out(
+    tmp_path: Path,
+) -> None:
+    """The release before the change, rebuilding into a database its successor migrated: the
+    refusal names the columns on both sides and says to rebuild with the newer release's code, not
+    only to migrate (there is nothing to migrate to)."""
+    from waltz.spark.errors import RebuildError
+    from waltz.spark.target import check_target
+
+    url = prepared(f"sqlite:///{tmp_path / 'newer.db'}", V2)
+    with pytest.raises(RebuildError) as refused:
+        check_target(VIEWS_V1, url)
+    said = str(refused.value)
+    assert (
+        "table evo_rename lacks the columns ['value'] and has ['amount'], which the model does not map"
+        in said
+    )
+    assert "if it is at a newer release than these models, rebuild with that release's code" in said, said
+
+
 class Failing(DeclarativeBase):
     pass
 

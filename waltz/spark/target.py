@@ -270,7 +270,8 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
 
     Raises:
         RebuildError: a table lacks columns of the model (a database not migrated to the model
-            the rebuild runs): nothing is read or written.
+            the rebuild runs, or one of a newer release), naming them and the columns the model
+            does not map: nothing is read or written.
         sqlalchemy.exc.DBAPIError: the database refused.
     """
     engine = create_framework_engine(db_url)
@@ -281,14 +282,20 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
         inspector = inspect(engine)
         problems = []
         for table in app.tables:
-            present = {column["name"] for column in inspector.get_columns(table.name)}
+            present = [column["name"] for column in inspector.get_columns(table.name)]
             missing = [c.name for c in table.columns if c.name not in present]
             if missing:
-                problems.append(f"table {table.name} lacks the columns {missing}")
+                mapped = {c.name for c in table.columns}
+                others = [name for name in present if name not in mapped]
+                problems.append(
+                    f"table {table.name} lacks the columns {missing}"
+                    + (f" and has {others}, which the model does not map" if others else "")
+                )
         if problems:
             raise RebuildError(
                 f"the target database is not at the application's model: {'; '.join(problems)}; migrate "
-                "it first (alembic upgrade, as the application's instances do) or rebuild into an empty "
+                "it first (alembic upgrade, as the application's instances do), or, if it is at a newer "
+                "release than these models, rebuild with that release's code, or rebuild into an empty "
                 "database; nothing was read or written"
             )
         return True
