@@ -615,7 +615,8 @@ def test_truncate_committed_shows_what_goes_asks_and_needs_an_admin_certificate(
         )
         declined = cli(*command, input="n\n", env=as_role("admin"), expect=1)
         assert (
-            "truncate from transaction 9 to 4, 5 of them committed (low-water mark 9 -> 4)" in declined.output
+            "truncate from transaction 9 to 4, 5 removed: 5 at or below the low-water mark, committed "
+            "(low-water mark 9 -> 4)" in declined.output
         )
         assert run(status()) == (9, 9)
         done = cli(*command, "--reason", "poison at 5", input="y\n", env=as_role("admin"))
@@ -692,3 +693,24 @@ def test_missing_settings_and_unreachable_zookeeper_exit_with_2(tmp_path: Path) 
         app, ["cluster", "create", "-n", "x", "--partitions", "1", "-s", "nonsense", "-z", nobody, "-r", "/w"]
     )
     assert result.exit_code == 2 and "host:port=admin_port" in result.output
+
+
+def test_the_truncation_plan_says_which_removed_transactions_are_committed_for_sure() -> None:
+    """A node's low-water mark (9) follows the committed high-water mark a few seconds behind: of
+    the 8 transactions a truncation to 4 removes from a replica holding 12, the 5 up to the mark are
+    committed, and the 3 above it may be too (before, the plan said "5 of them committed", as if the
+    3 were not)."""
+    from waltz.admin.committed_truncation import ReplicaLog
+    from waltz.cli.cluster_storage import _truncation_plan
+
+    lagging = _truncation_plan(ReplicaLog("127.0.0.1:1", 0, 12, 9, 0), 4)
+    assert lagging == (
+        "truncate from transaction 12 to 4, 8 removed: 5 at or below the low-water mark, committed; "
+        "the 3 above it may be committed too (a node's low-water mark follows the committed high-water "
+        "mark a few seconds behind) (low-water mark 9 -> 4)"
+    )
+    above_only = _truncation_plan(ReplicaLog("127.0.0.1:1", 0, 12, 9, 0), 10)
+    assert above_only.startswith(
+        "truncate from transaction 12 to 10, 2 removed: 0 at or below the low-water mark"
+    )
+    assert "the 2 above it may be committed too" in above_only

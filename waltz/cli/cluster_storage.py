@@ -10,7 +10,7 @@ and prints results. ``docs/zookeeper.md`` documents the replica-change safety ru
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -30,6 +30,9 @@ from waltz.cli.options import (
 from waltz.cli.output import echo_json, fail, warn
 from waltz.cli.partition_ids import format_partitions, parse_partitions
 from waltz.protocol.event_loop import run_on_shared_loop
+
+if TYPE_CHECKING:
+    from waltz.admin.committed_truncation import ReplicaLog
 
 app = typer.Typer(
     help=(
@@ -426,12 +429,7 @@ def storage_truncate_committed(
                 )
                 raise typer.Exit(1)
         for replica in changes:
-            committed = max(0, replica.committed_floor - to)
-            typer.echo(
-                f"partition {replica.partition_id} on {storage}: truncate from transaction "
-                f"{replica.max_transaction_id} to {to}, {committed} of them committed (low-water mark "
-                f"{replica.low_water_mark} -> {min(to, replica.low_water_mark)})"
-            )
+            typer.echo(f"partition {replica.partition_id} on {storage}: {_truncation_plan(replica, to)}")
         if changes and not yes:
             typer.confirm("remove these transactions, committed ones included?", abort=True)
         for replica in changes:
@@ -449,3 +447,21 @@ def storage_truncate_committed(
                 f"{result.previous_max_transaction_id} to {result.max_transaction_id}, low-water mark "
                 f"{result.previous_low_water_mark} -> {result.low_water_mark}"
             )
+
+
+def _truncation_plan(replica: ReplicaLog, to: int) -> str:
+    """What truncating ``replica`` to ``to`` removes, for the confirmation: the transactions at or
+    below its low-water mark are committed; those above it may be too, since a node's mark follows
+    the committed high-water mark a few seconds behind (docs/design/storage.md, "The committed
+    floor")."""
+    removed = max(0, replica.max_transaction_id - to)
+    committed = max(0, replica.committed_floor - to)
+    above = removed - committed
+    said = f"truncate from transaction {replica.max_transaction_id} to {to}, {removed} removed: "
+    said += f"{committed} at or below the low-water mark, committed"
+    if above:
+        said += (
+            f"; the {above} above it may be committed too (a node's low-water mark follows the "
+            "committed high-water mark a few seconds behind)"
+        )
+    return f"{said} (low-water mark {replica.low_water_mark} -> {min(to, replica.low_water_mark)})"
