@@ -30,6 +30,7 @@ __all__ = [
     "PartitionNotAssignedError",
     "PartitionNotMountedError",
     "PartitionNotOpenError",
+    "PartitionPausedError",
     "PartitionUnavailableError",
     "ProtocolError",
     "ReadOnlySessionError",
@@ -433,6 +434,14 @@ class AsyncCallbackError(WaltzClientError, TypeError):
     it is ``async def``, but the client calls it on its own threads and needs its answer at once,
     so the coroutine would never run (docs/design/client.md "Transaction contexts and callbacks").
     """
+
+
+class PartitionPausedError(WaltzClientError):
+    """A context's lock check failed on a transaction its partition's apply waits at for this
+    instance's upgrade (:class:`ApplyPausedError`): its retry would wait for that transaction to be
+    applied, which this instance cannot do, so it ends with this error. Nothing of it was committed;
+    submit it to an instance of the newer release, or again once this one is upgraded
+    (docs/design/client.md "Retries and lock failures")."""
 
 
 class ClientClosedError(WaltzClientError):

@@ -21,7 +21,12 @@ from waltz import (
     WaltzClient,
     WaltzClientConfig,
 )
-from waltz.errors import PartitionNotMountedError, TransactionExpiredError
+from waltz.errors import (
+    ApplyPausedError,
+    PartitionNotMountedError,
+    PartitionPausedError,
+    TransactionExpiredError,
+)
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 
@@ -767,3 +772,87 @@ def test_waiting_for_an_outcome_in_apply_transaction_fails_at_once_instead_of_ho
         assert "holds back this partition's applies" in str(follow_up.error), follow_up.error
         assert "replayed" in str(follow_up.error), follow_up.error
         assert follow_up.future is not None and follow_up.future.result(30).committed
+
+
+#: The header of a transaction the pausing store reads as a newer release's record.
+NEWER_HEADER = 7
+
+
+class _AwaitingUpgrade(MemoryStore):
+    """A store whose code is older than a transaction of header :data:`NEWER_HEADER`: its apply
+    waits for the instance's upgrade (``ApplyPausedError``), as the SQL framework's does for a
+    change-set of a newer form. ``hold`` (when given) holds that apply until it is set."""
+
+    def __init__(self, start: dict[int, int], hold: threading.Event | None = None) -> None:
+        super().__init__(start)
+        self.hold = hold
+        self.entered = threading.Event()
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.header == NEWER_HEADER:
+            self.entered.set()
+            if self.hold is not None and not self.hold.wait(60):
+                raise TimeoutError("the test never let the apply go on")
+            raise ApplyPausedError(f"transaction {transaction.transaction_id} is a newer release's record")
+        super().apply_transaction(transaction)
+
+
+@pytest.mark.parametrize(
+    "paused_first", [True, False], ids=["paused-before-the-retry", "retry-before-the-pause"]
+)
+def test_a_retry_that_waits_for_a_transaction_the_instance_cannot_apply_ends(
+    client_config: WaltzClientConfig, log_start: dict[int, int], paused_first: bool
+) -> None:
+    """A context whose lock check fails on a transaction its partition's apply waits at for this
+    instance's upgrade (a rolling deploy: a newer instance wrote it) ends with PartitionPausedError,
+    whether the pause began before its retry or while the retry waited, and the context queued
+    behind its lock goes on (before, the retry waited for ever for an apply that could not happen,
+    and so did every context behind it)."""
+    lock = PartitionLocalLock("upgrade", 1)
+    hold = None if paused_first else threading.Event()
+    older = _AwaitingUpgrade(log_start, hold)
+    with (
+        WaltzClient(MemoryStore(log_start), client_config) as newer_instance,
+        WaltzClient(older, client_config) as older_instance,
+    ):
+        written = newer_instance.submit(Append(0, b"newer", header=NEWER_HEADER, write_lock=lock)).result(30)
+        newer_id = written.transaction_id
+        assert isinstance(newer_id, int)
+        if paused_first:
+            wait_until(
+                lambda: isinstance(older_instance.unhealthy_partitions().get(0), ApplyPausedError),
+                timeout=30,
+                what="the older instance's partition 0 to wait for its upgrade",
+            )
+        else:
+            wait_until(older.entered.is_set, timeout=30, what="the older instance to apply the newer record")
+        stale = Append(0, b"read before the newer record", write_lock=lock, high_water_mark=newer_id - 1)
+        behind = Append(0, b"queued behind its lock", write_lock=lock, high_water_mark=newer_id - 1)
+        failing = older_instance.submit(stale)
+        following = older_instance.submit(behind)
+        if hold is not None:
+            wait_until(
+                lambda: (
+                    (
+                        older_instance.metrics.get_sample_value(
+                            "waltz_client_lock_failures_total", {"partition": "0"}
+                        )
+                        or 0
+                    )
+                    >= 1
+                ),
+                timeout=30,
+                what="the stale context's lock failure",
+            )
+            hold.set()
+        with pytest.raises(PartitionPausedError, match="cannot apply before its upgrade"):
+            failing.result(30)
+        assert [type(e) for e in stale.outcomes.exceptions] == [PartitionPausedError]
+        assert stale.outcomes.completions == []
+        # The context held behind its lock was sent then; its lock check failed on the same
+        # transaction, and it ended the same way.
+        with pytest.raises(PartitionPausedError):
+            following.result(30)
+        assert behind.outcomes.executions == 1
+        older_instance.flush(30)
+        assert not older_instance.has_pending_transactions()

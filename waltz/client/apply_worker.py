@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -85,6 +85,10 @@ class ApplyWorker:
             ``applied``. None: not kept.
         hold: the genesis hold of a new child of a split (None: not a child, or its genesis is
             behind the floor already).
+        on_pause: called (on the worker's thread) when the partition starts to wait for this
+            instance's upgrade, with the error: the attempt path ends the retries that wait for a
+            transaction this instance cannot apply (docs/design/client.md "Retries and lock
+            failures").
     """
 
     def __init__(
@@ -100,8 +104,10 @@ class ApplyWorker:
         metrics: PartitionMetrics | None = None,
         absorbed: Watermark | None = None,
         hold: GenesisHold | None = None,
+        on_pause: Callable[[ApplyPausedError], None] | None = None,
     ) -> None:
         self.partition_id = partition_id
+        self._on_pause = on_pause
         self._hold = hold
         self.callbacks_hold: GenesisHeldError | None = None
         """Set while the callbacks refuse the genesis for their own check of the parent's mark
@@ -471,4 +477,9 @@ class ApplyWorker:
                 self._callbacks.uncaught_exception(self.partition_id, transaction_id, error)
             except Exception:
                 log.exception("partition %d: uncaught_exception raised", self.partition_id)
+            if self._on_pause is not None:
+                try:
+                    self._on_pause(error)
+                except Exception:
+                    log.exception("partition %d: the pause's hook raised", self.partition_id)
         return not self._closed.wait(PAUSED_RETRY_INTERVAL)

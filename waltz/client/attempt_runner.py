@@ -40,9 +40,11 @@ from waltz.client.routing import EPOCH_WAIT_SECONDS, EpochRouting, Route, Routin
 from waltz.client.submission import Submission
 from waltz.client.waiting import Watermark
 from waltz.errors import (
+    ApplyPausedError,
     ClientClosedError,
     PartitionNotMountedError,
     PartitionNotOpenError,
+    PartitionPausedError,
     WaltzClientError,
 )
 from waltz.protocol.event_loop import run_on_shared_loop
@@ -110,6 +112,10 @@ class AttemptRunner:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
         )
+        # Lock failures' retries that wait for their partition's apply, by partition (any thread):
+        # ended if the apply starts to wait for this instance's upgrade (apply_paused).
+        self._awaiting_apply: dict[int, set[Submission]] = {}
+        self._awaiting_lock = threading.Lock()
         # What the retry threads and the completion thread run: named when they are held long.
         self._busy = BusyThreads()
         self._completing = BusyThreads()
@@ -484,7 +490,10 @@ class AttemptRunner:
         mark = _waited_mark(partition, submission)
         if not pause and mark.value >= target:
             self._submit_attempt(partition, submission, lock_target is not None)
-        elif not pause and lock_target is not None and submission.deadline is None:
+            return
+        if lock_target is not None and not self._await_apply(partition, submission):
+            return  # the partition waits for this instance's upgrade: ended
+        if not pause and lock_target is not None and submission.deadline is None:
             # Nothing to time out: the thread that applies (or absorbs) the target hands it over.
             mark.call_when(target, functools.partial(self._attempt_when_applied, partition, submission))
         else:
@@ -649,13 +658,73 @@ class AttemptRunner:
             limit = self._config.client_read_your_writes_timeout
             remaining = limit if remaining is None else min(limit, remaining)
         await _waited_mark(partition, submission).wait_async(target, remaining)
+        if lock_target is not None and not self._applied_awaited(partition, submission):
+            return  # ended while it waited: its partition waits for this instance's upgrade
         if not self._closed:
             self._submit_attempt(partition, submission, lock_target is not None)
 
     def _attempt_when_applied(self, partition: ClientPartition, submission: Submission) -> None:
         """A lock failure's target is applied (on the thread that applied it): re-attempt."""
+        if not self._applied_awaited(partition, submission):
+            return  # ended while it waited: its partition waits for this instance's upgrade
         if not self._closed:
             self._submit_attempt(partition, submission, True)
+
+    # --- retries that wait for the apply, and a partition that waits for an upgrade ---------------
+
+    def _await_apply(self, partition: ClientPartition, submission: Submission) -> bool:
+        """Note that a lock failure's retry waits for the partition's apply; False (the context
+        ended) when the apply waits for this instance's upgrade (:meth:`apply_paused`)."""
+        with self._awaiting_lock:
+            self._awaiting_apply.setdefault(partition.partition_id, set()).add(submission)
+        worker = partition.worker
+        paused = None if worker is None else worker.paused
+        if paused is not None and self._stop_awaiting(partition, submission):
+            self._end_paused(partition, submission, paused)
+            return False
+        return True
+
+    def _stop_awaiting(self, partition: ClientPartition, submission: Submission) -> bool:
+        """Take ``submission`` off the retries waiting for the apply; False when it was not there
+        any more (:meth:`apply_paused` ended it)."""
+        with self._awaiting_lock:
+            waiting = self._awaiting_apply.get(partition.partition_id)
+            if waiting is None or submission not in waiting:
+                return False
+            waiting.discard(submission)
+            return True
+
+    def _applied_awaited(self, partition: ClientPartition, submission: Submission) -> bool:
+        """The apply a retry waited for happened (or its wait ended): True when it goes on, False
+        when :meth:`apply_paused` ended it meanwhile."""
+        return self._stop_awaiting(partition, submission) or not submission.finished
+
+    def apply_paused(self, partition_id: int, error: ApplyPausedError) -> None:
+        """The partition's apply started to wait for this instance's upgrade (on its apply thread):
+        the retries of lock failures that wait for it to apply a transaction end with
+        :class:`~waltz.errors.PartitionPausedError`, and the contexts following them go on
+        (docs/design/client.md "Retries and lock failures")."""
+        with self._awaiting_lock:
+            waiting = self._awaiting_apply.pop(partition_id, set())
+        partition = self._partitions.get(partition_id)
+        if partition is None:
+            return
+        for submission in waiting:
+            self._end_paused(partition, submission, error)
+
+    def _end_paused(
+        self, partition: ClientPartition, submission: Submission, error: ApplyPausedError
+    ) -> None:
+        """End a lock failure's retry that waits for a transaction this instance cannot apply."""
+        submission.fail(
+            PartitionPausedError(
+                f"{type(submission.context).__name__} on partition {partition.partition_id}: its lock check "
+                "failed on a transaction this instance cannot apply before its upgrade, so its retry "
+                f"cannot run here ({error}); nothing of it was committed: submit it to an instance of "
+                "the newer release, or again once this one is upgraded"
+            )
+        )
+        self._ended_unsent(partition, submission)
 
     def _submit_attempt(self, partition: ClientPartition, submission: Submission, lock_failed: bool) -> None:
         try:

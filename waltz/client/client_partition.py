@@ -43,7 +43,13 @@ from waltz.client.routing import SplitOrigin
 from waltz.client.submission import Submission
 from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import Watermark
-from waltz.errors import PartitionNotOpenError, ProtocolError, StalePartitionEpochError, WaltzError
+from waltz.errors import (
+    ApplyPausedError,
+    PartitionNotOpenError,
+    ProtocolError,
+    StalePartitionEpochError,
+    WaltzError,
+)
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId, unequal_columns
 
@@ -209,9 +215,16 @@ class ClientPartition:
                 metrics=self.metrics,
                 absorbed=self.absorbed,
                 hold=self._genesis_hold(),
+                on_pause=self._apply_paused,
             )
             self.worker.start()
         mount.start()
+
+    def _apply_paused(self, error: ApplyPausedError) -> None:
+        """The apply worker started to wait for this instance's upgrade (on its thread): the
+        attempt path ends the retries that wait for it (docs/design/client.md "Retries and lock
+        failures")."""
+        self._outcomes.apply_paused(self.partition_id, error)
 
     def _genesis_hold(self) -> GenesisHold | None:
         """A new child's genesis hold, for its next apply worker (docs/design/splits.md "Clients

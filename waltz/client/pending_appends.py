@@ -27,7 +27,7 @@ from waltz.client.metrics import PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.mount_procedure import MountProcedure, PartitionState
 from waltz.client.submission import Submission, Waiting
-from waltz.errors import ProtocolError
+from waltz.errors import ApplyPausedError, ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 
@@ -74,6 +74,11 @@ class AttemptOutcomes(Protocol):
     def expired_unsent(self, submission: Submission) -> None:
         """End as expired a submission whose append waited for the partition's mount past the
         context's timeout: never sent, so it cannot commit (its callbacks run on a retry thread)."""
+        ...
+
+    def apply_paused(self, partition_id: int, error: ApplyPausedError) -> None:
+        """The partition's apply started to wait for this instance's upgrade (on its apply
+        thread): end the retries waiting for a transaction it cannot apply."""
         ...
 
     def route_again(self, submission: Submission, error: BaseException) -> None:
