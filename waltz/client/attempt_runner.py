@@ -653,6 +653,9 @@ class AttemptRunner:
         if pause:  # a context that keeps failing: pace it (never past its expiry)
             remaining = submission.remaining()
             await asyncio.sleep(pause if remaining is None else min(pause, remaining))
+            if submission.finished:  # ended meanwhile (apply_paused): nothing to wait for
+                self._stop_awaiting(partition, submission)
+                return
         remaining = submission.remaining()
         if lock_target is None:  # read your writes, within its own limit
             limit = self._config.client_read_your_writes_timeout
