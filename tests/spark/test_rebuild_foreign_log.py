@@ -21,10 +21,9 @@ from waltz.local.cluster import LocalCluster
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_a_log_of_another_application_is_named_with_a_hint(
-    spark: Any, zookeeper: object, tmp_path: Path
-) -> None:
-    with LocalCluster(
+def _one_partition_cluster(zookeeper: object, tmp_path: Path) -> LocalCluster:
+    """A plaintext cluster of one storage node, one server and one partition, for one record."""
+    return LocalCluster(
         security=support.PLAINTEXT,
         storages=1,
         servers=1,
@@ -32,7 +31,13 @@ def test_a_log_of_another_application_is_named_with_a_hint(
         zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
         work_dir=tmp_path / "cluster",
         delete_root=True,
-    ) as cluster:
+    )
+
+
+def test_a_log_of_another_application_is_named_with_a_hint(
+    spark: Any, zookeeper: object, tmp_path: Path
+) -> None:
+    with _one_partition_cluster(zookeeper, tmp_path) as cluster:
         store = MemoryStore({0: -1})
         with WaltzClient(store, WaltzClientConfig(**cluster.client_settings())) as client:
             # A record of another application: header 7, which the ledger's views do not decode.
@@ -56,15 +61,7 @@ def test_a_change_set_of_a_newer_form_is_named_as_a_newer_waltz_py_s(
     """A change-set of a form this waltz-py does not read yet was written by a newer release of
     waltz-py (docs/design/sql.md "Schema versions and upcasting"): the rebuild says so and to run
     it with that release, not to check ``--root``."""
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path / "cluster",
-        delete_root=True,
-    ) as cluster:
+    with _one_partition_cluster(zookeeper, tmp_path) as cluster:
         store = MemoryStore({0: -1})
         newer = json.dumps({"v": 9, "ops": []}, sort_keys=True, separators=(",", ":")).encode()
         with WaltzClient(store, WaltzClientConfig(**cluster.client_settings())) as client:
