@@ -8,10 +8,7 @@ import dataclasses
 import hashlib
 import json
 import struct
-import subprocess
-import sys
 import tempfile
-import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -331,32 +328,3 @@ def test_a_manifest_refuses_a_chunk_that_does_not_follow(tmp_path: Path) -> None
     with pytest.raises(ArchiveCheckError, match="must start at 10"):
         manifest.with_chunk(entry)
     assert chunk_path(0, entry.file) == f"partition_id=0/{chunk_name(11, 13)}"
-
-
-_READ_AND_EXIT = """
-import sys
-from waltz.archive.reader import read_archived
-assert len(list(read_archived(sys.argv[1], 0, 0, 299))) == 300
-print("dataset scanner loaded:", "pyarrow._dataset" in sys.modules)
-"""
-
-
-def test_a_process_that_read_chunks_exits_cleanly(tmp_path: Path) -> None:
-    """A reader of the archive (``waltz disk dump --archive``, a server's archived reads) exits
-    with status 0 once its work is done: reading a chunk starts none of pyarrow's dataset scanner
-    threads, which abort the process at exit ("terminate called without an active exception",
-    status 134) now and then when they outlive the interpreter."""
-    archive_of(tmp_path, 0, [records(0, 100), records(100, 200)])
-    deadline = time.monotonic() + 60
-    for _ in range(12):
-        run = subprocess.run(
-            [sys.executable, "-c", _READ_AND_EXIT, str(tmp_path)],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert run.returncode == 0 and "terminate called" not in run.stderr, run.stderr
-        assert run.stdout.strip() == "dataset scanner loaded: False", run.stdout
-        if time.monotonic() > deadline:
-            break

@@ -70,10 +70,7 @@ def decode_chunk(data: bytes, where: str, first: int | None = None, last: int | 
     import pyarrow.parquet as pq
 
     try:
-        # ParquetFile, not read_table: read_table goes through pyarrow's dataset scanner, whose
-        # threads may still be winding down when the process exits, and then abort it
-        # ("terminate called without an active exception", exit status 134) after its work is done.
-        table = pq.ParquetFile(pa.BufferReader(data)).read()
+        table = pq.read_table(pa.BufferReader(data))
     except (pa.ArrowException, OSError) as exc:
         raise ArchiveCheckError(where, f"not a readable Parquet file ({exc})", first, last) from exc
     problem = schema_problem(table.schema)
