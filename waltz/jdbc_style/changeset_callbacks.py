@@ -107,6 +107,18 @@ def row_change_problem(
     return None
 
 
+def left_out_attributes(
+    change: RowChange, attributes: Collection[str], defaulted: Collection[str]
+) -> list[str]:
+    """The attributes a row change leaves out that the live apply and a rebuild's replay would
+    give different values (:func:`partial_row_problem`), sorted: every attribute an update does
+    not carry, and those with a column default an insert does not carry; none for a delete."""
+    if change.operation is Operation.DELETE:
+        return []
+    wanted = attributes if change.operation is Operation.UPDATE else defaulted
+    return sorted(set(wanted) - set(change.values))
+
+
 def partial_row_problem(
     change: RowChange, attributes: Collection[str], defaulted: Collection[str]
 ) -> str | None:
@@ -130,10 +142,7 @@ def partial_row_problem(
     Returns:
         A sentence naming the change and the attributes it leaves out, or None.
     """
-    if change.operation is Operation.DELETE:
-        return None
-    wanted = attributes if change.operation is Operation.UPDATE else defaulted
-    missing = sorted(set(wanted) - set(change.values))
+    missing = left_out_attributes(change, attributes, defaulted)
     if not missing:
         return None
     if change.operation is Operation.UPDATE:
@@ -367,10 +376,9 @@ class ChangeSetCallbacks(AbstractClientCallbacksForSQL):
             if before.schema_version == after.schema_version:
                 continue
             info = self.registry.by_name(after.entity)
-            if partial_row_problem(after, info.attributes, info.defaulted) is None:
+            missing = left_out_attributes(after, info.attributes, info.defaulted)
+            if not missing:
                 continue
-            wanted = info.attributes if after.operation is Operation.UPDATE else info.defaulted
-            missing = sorted(set(wanted) - set(after.values))
             raise UpcastError(
                 f"{self._where(transaction)}: {after.operation.value} of {after.entity} {dict(after.key)}, "
                 f"written at schema version {before.schema_version} and upcast to {after.schema_version}, "
