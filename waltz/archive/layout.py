@@ -138,14 +138,7 @@ class ArchiveFiles:
 
     def files_in(self, directory: str) -> list[str]:
         """The names of the files directly in a directory of the archive (none when it is missing)."""
-        import pyarrow.fs as pafs
-
-        selector = pafs.FileSelector(self.path(directory), allow_not_found=True)
-        return sorted(
-            posixpath.basename(info.path)
-            for info in self.filesystem.get_file_info(selector)
-            if info.type == pafs.FileType.File
-        )
+        return sorted(self.file_sizes(directory))
 
     def file_sizes(self, directory: str) -> dict[str, int]:
         """The files directly in a directory of the archive, by name, with their sizes in bytes
