@@ -150,6 +150,7 @@ def run(
     *,
     hold_conflicting_appends: bool = True,
     retry_linger: float = 0.0,
+    max_apply_backlog: int = 0,
 ) -> None:
     async def main() -> None:
         callbacks = Callbacks(mark)
@@ -161,6 +162,7 @@ def run(
             max_apply_batch=10,
             hold_conflicting_appends=hold_conflicting_appends,
             retry_linger=retry_linger,
+            max_apply_backlog=max_apply_backlog,
         )
         try:
             await scenario(partition, host, callbacks)
@@ -235,6 +237,34 @@ def test_appends_wait_for_the_mount_and_carry_the_generation() -> None:
         await settle(lambda: callbacks.applied == [6], "transaction 6 to be applied")
 
     run(scenario)
+
+
+def test_a_first_mount_s_feed_window_is_a_full_window_beyond_the_callbacks_mark() -> None:
+    """docs/protocol.md "Feed window": the first mount's window starts at the callbacks' mark,
+    which the apply worker takes as its floor a moment after the mount request is made; then a
+    grant follows each half window applied."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        callbacks.gate = threading.Event()
+        partition.mount()
+        partition.set_placement("server-a:1", 3)
+        connection = await mount(partition, host)
+        request = connection.mounts()[0]
+        assert request.client_high_water_mark == 11
+        assert request.feed_window == 40, "the window counted from the mark before the floor"
+        deliver(partition, connection, run_of(12, *(other(i) for i in range(1, 41))))
+        assert partition.worker is not None
+        assert partition.worker.backlog == 40
+        callbacks.gate.set()
+        await settle(lambda: callbacks.applied == list(range(12, 52)), "the window to be applied")
+        grants = [
+            m.feed_window.window_end
+            for m in connection.sent
+            if isinstance(m, client_pb2.ClientMessage) and m.HasField("feed_window")
+        ]
+        assert grants and grants[0] >= 11 + 20 + 40 and grants[-1] == 51 + 40, grants
+
+    run(scenario, mark=11, max_apply_backlog=40)
 
 
 def test_the_feed_confirms_own_appends_and_fails_older_ones() -> None:

@@ -166,6 +166,20 @@ class ApplyWorker:
         """Transactions held for the application: queued, plus the batch being applied."""
         return len(self._items) + self._in_progress
 
+    @property
+    def applied_mark(self) -> int:
+        """The applied mark, counting the floors at the head of the queue (:meth:`set_floor`):
+        what the mark is once the worker takes them, before it applies anything more. A mount
+        reads it right after setting its floor, before the worker thread has taken it."""
+        with self._condition:
+            mark = self._applied.value
+            if not self._in_progress:
+                for item in self._items:
+                    if not isinstance(item, _Floor):
+                        break
+                    mark = max(mark, item.mark)
+            return mark
+
     def enqueue(self, transaction: Transaction, submission: Submission | None = None) -> None:
         """Queue the next committed transaction (IDs must come in increasing order, each once)."""
         with self._condition:

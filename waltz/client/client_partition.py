@@ -134,7 +134,9 @@ class ClientPartition:
         self._feed_mark = -1
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
-        window = FeedWindow(partition_id, max_apply_backlog, self.applied, self._new_req_id, self.metrics)
+        window = FeedWindow(
+            partition_id, max_apply_backlog, self.applied, self._applied_mark, self._new_req_id, self.metrics
+        )
         self._mount = MountProcedure(partition_id, host, self, window, self._new_req_id, self.metrics)
         self._holds = LockHolds(self.applied, hold_conflicting_appends)
         self._claims = LockClaims(self._holds, self.metrics)
@@ -154,6 +156,11 @@ class ClientPartition:
             f"generation {self.generation}, pending {len(self.monitor)}, blocked {self._appends.blocked}"
             f"{'' if failure is None else f', last failure: {failure}'})"
         )
+
+    def _applied_mark(self) -> int:
+        """The applied mark, counting the floors the worker has not taken yet."""
+        worker = self.worker
+        return self.applied.value if worker is None else worker.applied_mark
 
     def _new_req_id(self, generation: int) -> ReqId:
         """The ReqId of this client's next request on the partition under ``generation``."""

@@ -32,6 +32,9 @@ class FeedWindow:
         limit: ``client.maxApplyBacklog``: transactions the server may feed beyond what the
             application applied (0: no limit, no window).
         applied: the partition's applied mark.
+        applied_mark: the applied mark counting the floors a mount queued and the apply worker
+            has not taken yet (:attr:`ApplyWorker.applied_mark
+            <waltz.client.apply_worker.ApplyWorker.applied_mark>`): a mount's window starts there.
         req_id: makes the ReqId of a request under a generation (the client's ID and its next
             sequence number).
         metrics: the partition's counters (``feed_windows``).
@@ -42,12 +45,14 @@ class FeedWindow:
         partition_id: int,
         limit: int,
         applied: Watermark,
+        applied_mark: Callable[[], int],
         req_id: Callable[[int], ReqId],
         metrics: PartitionMetrics,
     ) -> None:
         self._partition_id = partition_id
         self._limit = limit
         self._applied = applied
+        self._applied_mark = applied_mark
         self._req_id = req_id
         self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
@@ -56,11 +61,16 @@ class FeedWindow:
 
     def first_end(self, mount_mark: int) -> int | None:
         """The feed window of a mount: ``applied + L`` (at least one past the mount's mark, for a
-        remount while a full window still waits to be applied); None without a limit."""
+        remount while a full window still waits to be applied); None without a limit.
+
+        ``applied`` counts the floor the mount just queued (a first mount's callbacks' mark): the
+        worker thread takes it a moment later, and a window from the mark before it would start
+        short by as much, too little for a grant to follow before the application applies more.
+        """
         limit = self._limit
         if limit <= 0:
             return None
-        return max(self._applied.value + limit, mount_mark + 1)
+        return max(self._applied_mark() + limit, mount_mark + 1)
 
     def start(self, connection: ServerConnection, generation: int, window_end: int | None) -> None:
         """Grant the mount's feed window more as the application applies (a task per mount,
