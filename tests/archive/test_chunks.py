@@ -17,7 +17,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from waltz.archive.chunks import chunk_path, encode_chunk, read_chunk, read_chunk_table, write_chunk
+from waltz.archive.chunks import (
+    chunk_path,
+    decode_chunk,
+    encode_chunk,
+    read_chunk,
+    read_chunk_table,
+    write_chunk,
+)
 from waltz.archive.columns import data_crc, table_records
 from waltz.archive.errors import ArchiveCheckError, ArchiveFormError
 from waltz.archive.layout import ArchiveFiles, chunk_name, parse_chunk_name, partition_directory
@@ -328,3 +335,16 @@ def test_a_manifest_refuses_a_chunk_that_does_not_follow(tmp_path: Path) -> None
     with pytest.raises(ArchiveCheckError, match="must start at 10"):
         manifest.with_chunk(entry)
     assert chunk_path(0, entry.file) == f"partition_id=0/{chunk_name(11, 13)}"
+
+
+def test_pyarrow_holds_no_reference_to_a_chunk_s_bytes_once_it_is_read() -> None:
+    """pyarrow's scanner lets go of its input on one of its own threads, at times after the read
+    returned; when that input is a Python object and the interpreter is exiting by then, the
+    process aborts after its work is done ("terminate called without an active exception", exit
+    status 134: ``waltz archive verify``, ``waltz disk dump --archive``, a server's archived
+    reads). A chunk is read from a copy pyarrow owns: a bytearray it held would refuse to grow."""
+    data, table = encode_chunk(records(0, 300))
+    for _ in range(50):
+        chunk = bytearray(data)
+        assert decode_chunk(chunk, "chunk").equals(table)
+        chunk.append(0)  # BufferError while pyarrow still holds a view of it

@@ -70,7 +70,14 @@ def decode_chunk(data: bytes, where: str, first: int | None = None, last: int | 
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(pa.BufferReader(data))
+        # pyarrow reads a copy in memory it allocated, never the caller's bytes: its scanner lets
+        # go of its input on one of its own threads, at times after read_table returned, and
+        # letting go of a Python object takes the GIL there. Once the interpreter is exiting, that
+        # thread is ended inside a C++ destructor, which aborts the process after its work is done
+        # ("terminate called without an active exception", exit status 134).
+        owned = pa.allocate_buffer(len(data))
+        pa.FixedSizeBufferWriter(owned).write(data)
+        table = pq.read_table(pa.BufferReader(owned))
     except (pa.ArrowException, OSError) as exc:
         raise ArchiveCheckError(where, f"not a readable Parquet file ({exc})", first, last) from exc
     problem = schema_problem(table.schema)
