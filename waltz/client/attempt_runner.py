@@ -122,6 +122,7 @@ class AttemptRunner:
         # Completions (futures, on_completion) on a thread of their own, in commit order: behind
         # re-attempts, which read the application's database, they waited tens of milliseconds.
         self._completer_ident: int | None = None
+        self._completion_watch: asyncio.TimerHandle | None = None  # see _watch_completions
         self._completer = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="waltz-complete", initializer=self._note_completer
         )
@@ -440,9 +441,22 @@ class AttemptRunner:
         if self._completions:
             completions, self._completions = self._completions, []
             self._completer.submit(self._complete_all, completions, time.monotonic())
-            held = self._completing.held(self._config.client_long_wait_threshold, BUSY_WARNING_INTERVAL)
-            if held:
-                _warn_of_a_held_completion_thread(*held[0])
+            if self._completion_watch is None and not self._closed:
+                self._completion_watch = self._loop.call_later(
+                    self._config.client_long_wait_threshold, self._watch_completions
+                )
+
+    def _watch_completions(self) -> None:
+        """Every ``client.longWaitThreshold`` while completions run (on the loop): warn when one
+        batch of them has held the completion thread that long, whether or not later outcomes
+        have come to wait behind it (at most once per :data:`BUSY_WARNING_INTERVAL`)."""
+        self._completion_watch = None
+        threshold = self._config.client_long_wait_threshold
+        held = self._completing.held(threshold, BUSY_WARNING_INTERVAL)
+        if held:
+            _warn_of_a_held_completion_thread(*held[0])
+        if self._completing.busy and not self._closed:
+            self._completion_watch = self._loop.call_later(threshold, self._watch_completions)
 
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
