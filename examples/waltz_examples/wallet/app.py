@@ -78,7 +78,9 @@ class Movement(BaseModel):
     """A deposit's or a withdrawal's body."""
 
     amount: int = Field(gt=0, lt=1 << 62, description="cents")
-    request_id: str = Field(min_length=1, max_length=200, description="the caller's ID of the request")
+    # The idempotency key it becomes is 1 to 190 characters (docs/sql.md, "Idempotency keys"):
+    # a longer one is refused here (422), not by the framework once the request is submitted.
+    request_id: str = Field(min_length=1, max_length=190, description="the caller's ID of the request")
 
 
 class Receipt(BaseModel):

@@ -105,6 +105,11 @@ def test_a_retried_request_is_applied_once(wallet_db: str, wallet_config: WaltzC
             assert nothing.status_code == 409 and nothing.json()["detail"].startswith("no wallet")
             invalid = await move(http, wallet, "deposits", 0, f"zero-{wallet}")
             assert invalid.status_code == 422
+            # An idempotency key is at most 190 characters: a longer request ID is the caller's error.
+            too_long = await move(http, wallet, "deposits", 1, "r" * 191)
+            assert too_long.status_code == 422, too_long.text
+            longest = await move(http, wallet, "deposits", 1, f"{wallet}-".ljust(190, "r"))
+            assert longest.status_code == 201, longest.text
 
     asyncio.run(main())
 
