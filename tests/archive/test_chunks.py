@@ -348,3 +348,15 @@ def test_pyarrow_holds_no_reference_to_a_chunk_s_bytes_once_it_is_read() -> None
         chunk = bytearray(data)
         assert decode_chunk(chunk, "chunk").equals(table)
         chunk.append(0)  # BufferError while pyarrow still holds a view of it
+
+
+def test_a_chunk_is_read_from_any_contiguous_buffer_of_its_bytes() -> None:
+    """The copy pyarrow reads is of the buffer's bytes, not of its items: a view of 4-byte items
+    reads the same chunk as the bytes do."""
+    data, table = next(
+        (d, t) for d, t in (encode_chunk(records(0, n)) for n in range(1, 200)) if len(d) % 4 == 0
+    )
+    wide = memoryview(data).cast("I")
+    assert len(wide) * 4 == wide.nbytes == len(data)
+    assert decode_chunk(wide, "chunk").equals(table)
+    assert decode_chunk(memoryview(data), "chunk").equals(table)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from waltz.archive.columns import data_crc, records_table, schema_problem, table_records
 from waltz.archive.errors import ArchiveCheckError
 from waltz.archive.layout import ArchiveFiles, chunk_name, partition_directory, temporary_name
+from waltz.archive.location import arrow_owned
 from waltz.archive.manifests import ChunkEntry
 from waltz.protocol.records import Record, crc32
 
@@ -60,7 +61,9 @@ def encode_chunk(records: Sequence[Record]) -> tuple[bytes, pa.Table]:
     return sink.getvalue().to_pybytes(), table
 
 
-def decode_chunk(data: bytes, where: str, first: int | None = None, last: int | None = None) -> pa.Table:
+def decode_chunk(
+    data: bytes | bytearray | memoryview, where: str, first: int | None = None, last: int | None = None
+) -> pa.Table:
     """The table of a chunk's bytes, with the chunk's columns.
 
     Raises:
@@ -69,14 +72,10 @@ def decode_chunk(data: bytes, where: str, first: int | None = None, last: int | 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    # Never the caller's bytes (docs/design/archive.md "The archive's layout and forms"): pyarrow's
+    # scanner lets go of its input on one of its threads, at times after read_table returned.
+    owned = arrow_owned(data)
     try:
-        # pyarrow reads a copy in memory it allocated, never the caller's bytes: its scanner lets
-        # go of its input on one of its own threads, at times after read_table returned, and
-        # letting go of a Python object takes the GIL there. Once the interpreter is exiting, that
-        # thread is ended inside a C++ destructor, which aborts the process after its work is done
-        # ("terminate called without an active exception", exit status 134).
-        owned = pa.allocate_buffer(len(data))
-        pa.FixedSizeBufferWriter(owned).write(data)
         table = pq.read_table(pa.BufferReader(owned))
     except (pa.ArrowException, OSError) as exc:
         raise ArchiveCheckError(where, f"not a readable Parquet file ({exc})", first, last) from exc

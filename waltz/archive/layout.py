@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from waltz.archive.errors import ArchiveFormError
 from waltz.archive.location import (
+    arrow_owned,
     create_private_dir,
     make_private,
     open_location,
@@ -125,7 +126,9 @@ class ArchiveFiles:
         """
         create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
         with self.filesystem.open_output_stream(self.path(relative)) as stream:
-            stream.write(data)
+            # A copy pyarrow owns: an object store's stream may upload it on a thread of its own,
+            # after write returned (docs/design/archive.md "The archive's layout and forms").
+            stream.write(arrow_owned(data))
         make_private(self.filesystem, self.path(relative))
 
     def move(self, source: str, target: str) -> None:

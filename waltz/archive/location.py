@@ -28,10 +28,12 @@ from waltz.errors import WaltzError
 from waltz.private_files import PRIVATE_FILE_MODE, private_directory
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import pyarrow.fs as pafs
 
 __all__ = [
     "LocationError",
+    "arrow_owned",
     "check_form",
     "create_private_dir",
     "file_sha256",
@@ -129,6 +131,22 @@ def file_sha256(filesystem: pafs.FileSystem, path: str) -> str:
             digest.update(block)
 
 
+def arrow_owned(data: bytes | bytearray | memoryview) -> pa.Buffer:
+    """A copy of ``data`` in memory pyarrow allocated, to hand to pyarrow instead of the Python
+    object (docs/design/archive.md "The archive's layout and forms": pyarrow may let go of what it
+    is given on one of its threads, and at interpreter exit that aborts the process).
+
+    Raises:
+        TypeError: ``data`` is not a C-contiguous buffer.
+    """
+    import pyarrow as pa
+
+    view = memoryview(data).cast("B")
+    owned = pa.allocate_buffer(view.nbytes)
+    pa.FixedSizeBufferWriter(owned).write(view)
+    return owned
+
+
 def read_file(filesystem: pafs.FileSystem, path: str) -> bytes:
     """A whole file's bytes.
 
@@ -149,7 +167,7 @@ def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapp
     data = json.dumps(document, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     temporary = path + ".tmp"
     with filesystem.open_output_stream(temporary) as stream:
-        stream.write(data)
+        stream.write(arrow_owned(data))
     make_private(filesystem, temporary)
     filesystem.move(temporary, path)
 

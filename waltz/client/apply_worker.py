@@ -170,7 +170,8 @@ class ApplyWorker:
     def applied_mark(self) -> int:
         """The applied mark, counting the floors at the head of the queue (:meth:`set_floor`):
         what the mark is once the worker takes them, before it applies anything more. A mount
-        reads it right after setting its floor, before the worker thread has taken it."""
+        reads it right after setting its floor, before the worker thread has taken it, for its
+        feed window (docs/design/client.md "Back pressure")."""
         with self._condition:
             mark = self._applied.value
             if not self._in_progress:

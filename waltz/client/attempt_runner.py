@@ -123,6 +123,10 @@ class AttemptRunner:
         # re-attempts, which read the application's database, they waited tens of milliseconds.
         self._completer_ident: int | None = None
         self._completion_watch: asyncio.TimerHandle | None = None  # see _watch_completions
+        # Batches of completions handed to the completion thread and ended: each count written by
+        # one thread only (the loop, the completion thread); their difference is what it still has.
+        self._completions_handed = 0
+        self._completions_ended = 0
         self._completer = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="waltz-complete", initializer=self._note_completer
         )
@@ -441,28 +445,35 @@ class AttemptRunner:
         if self._completions:
             completions, self._completions = self._completions, []
             self._completer.submit(self._complete_all, completions, time.monotonic())
+            self._completions_handed += 1
             if self._completion_watch is None and not self._closed:
                 self._completion_watch = self._loop.call_later(
                     self._config.client_long_wait_threshold, self._watch_completions
                 )
 
     def _watch_completions(self) -> None:
-        """Every ``client.longWaitThreshold`` while completions run (on the loop): warn when one
-        batch of them has held the completion thread that long, whether or not later outcomes
-        have come to wait behind it (at most once per :data:`BUSY_WARNING_INTERVAL`)."""
+        """Every ``client.longWaitThreshold`` while the completion thread has batches to run or
+        runs one (on the loop): warn when one batch has held it that long, whether or not later
+        outcomes have come to wait behind it (at most once per :data:`BUSY_WARNING_INTERVAL`;
+        docs/design/client.md "WaltzClient and AsyncWaltzClient")."""
         self._completion_watch = None
+        if self._closed:
+            return
         threshold = self._config.client_long_wait_threshold
         held = self._completing.held(threshold, BUSY_WARNING_INTERVAL)
         if held:
             _warn_of_a_held_completion_thread(*held[0])
-        if self._completing.busy and not self._closed:
+        if self._completions_handed > self._completions_ended:
             self._completion_watch = self._loop.call_later(threshold, self._watch_completions)
 
     def _complete_all(self, completions: list[tuple[Submission, int]], fed_at: float) -> None:
         """Complete the submissions committed in one batch of server messages (seen at ``fed_at``,
         ``time.monotonic()``; on the completion thread), adding their completion delay to its metric."""
-        with self._completing.running(lambda: _completions_of(completions)):
-            delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
+        try:
+            with self._completing.running(lambda: _completions_of(completions)):
+                delay, count = Submission.complete_all(completions, self._in_flight.finished, fed_at)
+        finally:
+            self._completions_ended += 1
         if count:
             self._metrics.completion_delay_seconds.add(delay, count)
 

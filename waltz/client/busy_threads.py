@@ -36,11 +36,6 @@ class BusyThreads:
                 with self._lock:
                     self._running.pop(ident, None)
 
-    @property
-    def busy(self) -> bool:
-        """True while a thread runs a work."""
-        return bool(self._running)
-
     def longest(self) -> list[tuple[str, float]]:
         """What the busy threads run, with seconds since it started, the longest first."""
         return _named(self._since())

@@ -15,9 +15,10 @@ partition); docs/design/sql.md "Entity transactions". A model declares::
         __waltz__ = WaltzEntity("membership", key=("group_id", "user_id"),
                                 partition_by=lambda key, n: key[0] % n)   # by group
 
-The **lock ID** of an entity is its key when the key is one integer attribute, otherwise the first
-8 bytes (big-endian, signed) of BLAKE2b over the key's canonical JSON. The default **partition** is
-``crc32(lock_id as 8 bytes big-endian) mod num_partitions`` (:func:`default_partition`): stable
+The **lock ID** of an entity is its key when the key is one integer attribute, otherwise BLAKE2b
+with an 8-byte digest (``digest_size=8``) of the key's canonical JSON, read as a signed big-endian
+int64. The default **partition** is ``crc32(lock_id as 8 bytes big-endian) mod num_partitions``
+(:func:`default_partition`): stable
 across processes, Python versions and machines. ``partition_by(key, num_partitions)`` overrides it
 per model (e.g. all the accounts of one customer in one partition, so transfers between them are
 one transaction). :func:`partition_of` gives an entity's partition, by its model's mapping.
