@@ -138,7 +138,7 @@ def control(storage_dir: StorageDirArgument, json_output: JsonOption = False) ->
             mark = "  <- current" if struct.index == entry.current_struct else ""
             typer.echo(f"  struct {struct.index} (offset {struct.offset}): {_info_text(struct)}{mark}")
         if entry.current_struct is None:
-            typer.echo("  current struct: none, both are corrupt: the partition cannot open")
+            typer.echo("  current struct: none, both are corrupt: no store session can recover this replica")
         for slot in entry.fence_slots:
             text = (
                 "CORRUPT (CRC mismatch)"

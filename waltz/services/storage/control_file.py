@@ -204,8 +204,9 @@ class ControlFile:
             problem = (
                 f"partition {pid}: both partition-info structs of the control file {path} are corrupt"
                 + (f" (entry holds partition ID {stored_pid})" if stored_pid != pid else "")
-                + "; the partition cannot open: restore the control file or recover the partition"
-                " from another replica"
+                + ": its last session info, low-water mark and truncations are refused (CORRUPT_DATA), so"
+                " no store session can recover this replica: restore the control file or recover the"
+                " partition from another replica"
             )
             log.error("%s", problem)
             return _PartitionEntry(None, 1, fence, fence_slot, problem)

@@ -674,6 +674,40 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
     run(third_part())
 
 
+def test_a_replica_whose_partition_info_is_corrupt_is_left_out_with_a_warning(
+    store_cluster: StoreCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/format.md "Control file": a replica whose two partition-info structs both fail their
+    CRCs refuses the recovery's last-session-info with ``CORRUPT_DATA``. The session goes on with
+    the other replicas, and the recovery says so at WARNING, as for a wrong cluster key: the file
+    needs an operator, it is not a node that is down for a while."""
+    from tests.services.storage.test_control_file import flip, struct_offset
+    from waltz.services.storage.control_file import ControlFile
+
+    node = store_cluster.storages[2]
+
+    async def write(first: int) -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, first, 20) == list(range(first, first + 20))
+        await partition.close()
+
+    run(write(0))
+    node.stop()
+    control = ControlFile.path_in(node.directory)
+    flip(control, struct_offset(0, 0) + 1)
+    flip(control, struct_offset(0, 1) + 1)
+    node.start()
+    caplog.set_level(logging.INFO, logger="waltz.services.server.store")
+    run(write(20))
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and node.address in r.getMessage() and "unavailable" in r.getMessage()
+    ]
+    assert warned and "CORRUPT_DATA" in warned[0], [r.getMessage() for r in caplog.records]
+
+
 def test_add_a_replica_catch_up_then_remove_another(
     store_cluster: StoreCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -253,10 +253,10 @@ class RecoveryManager:
                 raise RecoveryAbortedError(
                     f"partition {self.partition_id}: session {self.session_id} was fenced: {exc}"
                 ) from exc
-            # A replica of another cluster (wrong cluster key), or one whose fence is too far
-            # below this session to raise, needs an operator, not a node that is down for a
-            # while: say it loudly.
-            loud = exc.code in ("CLUSTER_KEY_MISMATCH", "SESSION_JUMP_TOO_LARGE")
+            # A replica of another cluster (wrong cluster key), one whose fence is too far below
+            # this session to raise, or one whose partition info is corrupt needs an operator,
+            # not a node that is down for a while: say it loudly.
+            loud = exc.code in ("CLUSTER_KEY_MISMATCH", "SESSION_JUMP_TOO_LARGE", "CORRUPT_DATA")
             level = logging.WARNING if loud else logging.INFO
             log.log(level, "partition %d: replica on %s unavailable: %s", self.partition_id, storage, exc)
             return

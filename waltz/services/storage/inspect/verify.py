@@ -92,13 +92,14 @@ def _control_problems(dump: ControlFileDump, entry: ControlPartition) -> list[Pr
     if entry.stored_partition_id != entry.partition_id:
         out.add(
             Severity.ERROR,
-            f"entry holds partition ID {entry.stored_partition_id}: the partition cannot open",
+            f"entry holds partition ID {entry.stored_partition_id}: no store session can recover "
+            "this replica",
             entry.offset,
         )
     elif len(corrupt) == 2:
         out.add(
             Severity.ERROR,
-            "both partition-info structs fail their CRC: the partition cannot open",
+            "both partition-info structs fail their CRC: no store session can recover this replica",
             entry.offset,
         )
     elif corrupt:
