@@ -677,7 +677,7 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
 def test_a_replica_whose_partition_info_is_corrupt_is_left_out_with_a_warning(
     store_cluster: StoreCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """docs/format.md "Control file": a replica whose two partition-info structs both fail their
+    """docs/design/storage.md "Control file": a replica whose two partition-info structs both fail their
     CRCs refuses the recovery's last-session-info with ``CORRUPT_DATA``. The session goes on with
     the other replicas, and the recovery says so at WARNING, as for a wrong cluster key: the file
     needs an operator, it is not a node that is down for a while."""
