@@ -32,6 +32,7 @@ from waltz.errors import WaltzError
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
 from waltz.services.storage import inspect
+from waltz.services.storage.control_file import UNRECOVERABLE_REPLICA
 from waltz.services.storage.retention_file import RETENTION_FILE, RetentionRecord
 from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
@@ -138,7 +139,7 @@ def control(storage_dir: StorageDirArgument, json_output: JsonOption = False) ->
             mark = "  <- current" if struct.index == entry.current_struct else ""
             typer.echo(f"  struct {struct.index} (offset {struct.offset}): {_info_text(struct)}{mark}")
         if entry.current_struct is None:
-            typer.echo("  current struct: none, both are corrupt: no store session can recover this replica")
+            typer.echo(f"  current struct: none, both are corrupt: {UNRECOVERABLE_REPLICA}")
         for slot in entry.fence_slots:
             text = (
                 "CORRUPT (CRC mismatch)"

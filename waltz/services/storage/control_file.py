@@ -57,6 +57,11 @@ def current_fence(fences: list[int | None], info: fmt.PartitionInfo | None) -> t
     return max(fence, info.session_id if info is not None else -1), slot
 
 
+#: What a partition whose two partition-info structs are corrupt means for its replica, as the node,
+#: ``waltz disk verify`` and ``waltz disk control`` say it (docs/design/storage.md "Control file").
+UNRECOVERABLE_REPLICA = "no store session can recover this replica"
+
+
 def held_records_lost(max_transaction_id: int, info: fmt.PartitionInfo) -> str | None:
     """What is wrong when a replica's records end below its local low-water mark, or None.
 
@@ -205,8 +210,8 @@ class ControlFile:
                 f"partition {pid}: both partition-info structs of the control file {path} are corrupt"
                 + (f" (entry holds partition ID {stored_pid})" if stored_pid != pid else "")
                 + ": its last session info, low-water mark and truncations are refused (CORRUPT_DATA), so"
-                " no store session can recover this replica: restore the control file or recover the"
-                " partition from another replica"
+                f" {UNRECOVERABLE_REPLICA}: restore the control file or recover the partition from another"
+                " replica"
             )
             log.error("%s", problem)
             return _PartitionEntry(None, 1, fence, fence_slot, problem)

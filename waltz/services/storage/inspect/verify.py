@@ -23,7 +23,7 @@ from typing import Final
 from waltz.errors import CorruptDataError
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 from waltz.services.storage import format as fmt
-from waltz.services.storage.control_file import held_records_lost
+from waltz.services.storage.control_file import UNRECOVERABLE_REPLICA, held_records_lost
 from waltz.services.storage.inspect.reader import (
     DEFAULT_CHUNK_SIZE,
     ControlFileDump,
@@ -92,14 +92,13 @@ def _control_problems(dump: ControlFileDump, entry: ControlPartition) -> list[Pr
     if entry.stored_partition_id != entry.partition_id:
         out.add(
             Severity.ERROR,
-            f"entry holds partition ID {entry.stored_partition_id}: no store session can recover "
-            "this replica",
+            f"entry holds partition ID {entry.stored_partition_id}: {UNRECOVERABLE_REPLICA}",
             entry.offset,
         )
     elif len(corrupt) == 2:
         out.add(
             Severity.ERROR,
-            "both partition-info structs fail their CRC: no store session can recover this replica",
+            f"both partition-info structs fail their CRC: {UNRECOVERABLE_REPLICA}",
             entry.offset,
         )
     elif corrupt:
