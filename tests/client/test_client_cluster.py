@@ -735,7 +735,10 @@ def test_a_poll_of_an_outcome_in_a_completion_callback_is_answered_as_usual(
 
 class WaitsInApply(MemoryStore):
     """Applies as :class:`MemoryStore`; on the transaction whose data is ``b"trigger"``, submits a
-    follow-up on the same lock from ``apply_transaction`` and waits for its outcome there."""
+    follow-up on the same lock from ``apply_transaction`` and waits for its outcome there, before
+    the store's high-water mark takes the trigger: the follow-up's lock check needs this apply, so
+    its outcome cannot come before the wait (were the mark moved first, the follow-up could commit,
+    and its future resolve, before the wait began: a wait on a resolved future is not refused)."""
 
     def __init__(self, start: dict[int, int], lock: PartitionLocalLock) -> None:
         super().__init__(start)
@@ -744,12 +747,11 @@ class WaitsInApply(MemoryStore):
         self.follow_up = FollowUp(30)
 
     def apply_transaction(self, transaction: Transaction) -> None:
+        if transaction.get_data(BytesSerializer()) == b"trigger" and not self.follow_up.done.is_set():
+            assert self.client is not None
+            follow_up = Append(transaction.partition_id, b"follow-up", write_lock=self.lock_of_trigger)
+            self.follow_up.submit_and_wait(self.client, follow_up)
         super().apply_transaction(transaction)
-        if transaction.get_data(BytesSerializer()) != b"trigger" or self.follow_up.done.is_set():
-            return
-        assert self.client is not None
-        follow_up = Append(transaction.partition_id, b"follow-up", write_lock=self.lock_of_trigger)
-        self.follow_up.submit_and_wait(self.client, follow_up)
 
 
 def test_waiting_for_an_outcome_in_apply_transaction_fails_at_once_instead_of_holding_the_applies(

@@ -47,9 +47,10 @@ LOCK_HASH_BYTES = 10
 class SubmissionFuture(concurrent.futures.Future[Outcome]):
     """The future of a submission: an append in flight cannot be recalled, so it cannot be
     cancelled; and its outcome cannot be waited for where the wait would hold back what it waits
-    for (the client's completion thread, its ``apply_transaction``): a wait there raises
-    ``WaltzClientError`` at once, a poll (``timeout=0``) is answered as usual
-    (docs/design/client.md "WaltzClient and AsyncWaltzClient").
+    for (the client's completion thread, its ``apply_transaction``): a wait there for an outcome
+    not yet known raises ``WaltzClientError`` at once; a poll (``timeout=0``) and a wait for an
+    outcome already known are answered as usual (docs/design/client.md "WaltzClient and
+    AsyncWaltzClient").
 
     Args:
         wait_refusal: why a wait on the calling thread would hold back this outcome, or None;
