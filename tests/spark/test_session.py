@@ -52,6 +52,10 @@ spark = spark_session("local[1]", console_progress={progress}, quiet_start={quie
 print("COUNT:", spark.range(5).count())
 print("PROGRESS:", spark.sparkContext.getConf().get("spark.ui.showConsoleProgress"))
 print("ENV:", os.environ.get("LOG4J_CONFIGURATION_FILE"))
+try:
+    spark.sparkContext.parallelize([0], 1).map(lambda x: 1 // x).collect()
+except Exception as exc:
+    print("TASK FAILED:", "ZeroDivisionError" in str(exc))
 spark.stop()
 """
 
@@ -87,6 +91,8 @@ SPARK_NOTICES = (
     'Setting default log level to "WARN"',
     "To adjust logging level use sc.setLogLevel",
 )
+#: What Spark logs of a task that raised, each time with the worker's traceback.
+TASK_LOGS = ("Exception in task", "Lost task")
 #: Hadoop's warning that its native library is missing (absent where the library is installed).
 NATIVE_LOADER = "NativeCodeLoader"
 
@@ -101,6 +107,13 @@ def test_a_quiet_start_leaves_out_sparks_notices_and_the_progress_bar_is_on_unle
         assert NATIVE_LOADER not in quiet.stderr, quiet.stderr
     # The file is handed to the JVM only: the caller's environment is as it was.
     assert "ENV: None" in quiet.stdout
+    # A task that raised: its error reaches the caller, which says it in its own words, without the
+    # worker's traceback logged twice before (by the executor, then as the lost task).
+    for run in (loud, quiet):
+        assert "TASK FAILED: True" in run.stdout, run.stdout + run.stderr
+    assert TASK_LOGS[0] in loud.stderr and "Traceback" in loud.stderr, loud.stderr  # what it removes
+    assert [n for n in TASK_LOGS if n in quiet.stderr] == [], quiet.stderr
+    assert "Traceback" not in quiet.stderr, quiet.stderr
     shown = {
         progress: next(line for line in run.stdout.splitlines() if line.startswith("PROGRESS:"))
         for progress, run in ((True, quiet), (False, loud))

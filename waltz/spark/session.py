@@ -22,7 +22,8 @@ __all__ = ["JDBC_JARS", "QUIET_LOG4J", "is_local_master", "register", "require_s
 JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
 
 #: The log4j 2 configuration of ``quiet_start``: Spark's warnings and errors, without its start-up
-#: notices and Hadoop's native-library warning.
+#: notices, Hadoop's native-library warning and a failed task's traceback logged before the job's
+#: failure carries it (docs/spark.md, its opening).
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
 
 #: The environment variable log4j 2 reads its configuration file from (a ``-Dlog4j2.configurationFile``
@@ -97,7 +98,8 @@ def spark_session(
         quiet_start: start Spark's JVM with :data:`QUIET_LOG4J` as its log4j configuration, so that
             standard error gets Spark's warnings and errors but not the lines it prints on every
             start (its default log4j profile, the default level and how to change it, Hadoop's
-            missing native library): for commands whose own lines they would interrupt
+            missing native library), nor a failed task's traceback before the job's failure,
+            which carries it: for commands whose own lines they would interrupt
             (``waltz demo``, ``waltz rebuild``). Only when this call launches the JVM (the
             process's first session; not under ``PYSPARK_GATEWAY_PORT``), and only when nothing
             else configures log4j: the ``LOG4J_CONFIGURATION_FILE`` environment variable, or a
