@@ -294,6 +294,8 @@ def test_a_newer_form_is_refused_with_upgrade(tmp_path: Path) -> None:
     ("document", "message"),
     [
         ("not json", "is not JSON"),
+        ("[" * 60_000, "is not JSON"),  # nested deeper than the JSON decoder recurses
+        ('{"form": 1, "archived_through": ' + "9" * 5_000 + "}", "is not JSON"),  # too many digits
         ({"form": 1, "kind": "waltz-snapshot"}, "not a waltz archive manifest"),
         ({"form": 1, "kind": "waltz-archive-partition", "partition_id": 5}, "of partition 5"),
         ({"form": 1, "kind": "waltz-archive-partition", "partition_id": 0}, "'chunks'"),

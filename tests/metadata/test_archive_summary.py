@@ -66,13 +66,15 @@ def test_the_znode_holds_the_location_and_per_partition_entries() -> None:
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        (b'{"partitions": {}}', "lacks the field 'location'"),
-        (b'{"location": "x", "partitions": {"a": {}}}', "partition 'a'"),
+        (b'{"format_version": 1, "partitions": {}}', "lacks the field 'location'"),
+        (b'{"format_version": 1, "location": "x", "partitions": {"a": {}}}', "partition 'a'"),
         (
-            b'{"location": "x", "partitions": {"0": {"archived_through": "9", "chunks": 0, "bytes": 0}}}',
+            b'{"format_version": 1, "location": "x", "partitions": '
+            b'{"0": {"archived_through": "9", "chunks": 0, "bytes": 0}}}',
             "integer",
         ),
         (b'{"format_version": 2, "location": "x", "partitions": {}}', "format version 2"),
+        (b'{"location": "x", "partitions": {}}', "lacks the field 'format_version'"),
     ],
 )
 def test_a_malformed_summary_names_the_znode(data: bytes, message: str) -> None:

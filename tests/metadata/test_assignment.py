@@ -192,6 +192,8 @@ def test_codecs_round_trip() -> None:
     assert b'"features":["partition-epochs"]' in featured.encode().replace(b" ", b"")
     assert Member.decode(m.name, m.encode(), "/x").features == ()
     with pytest.raises(MetadataError, match="features is"):
-        Member.decode(m.name, b'{"endpoint": "127.0.0.1:1", "features": "partition-epochs"}', "/x")
+        Member.decode(
+            m.name, b'{"endpoint": "127.0.0.1:1", "features": "partition-epochs", "format_version": 1}', "/x"
+        )
     assignment = compute_assignment(3, [m], PartitionAssignment())
     assert PartitionAssignment.decode(assignment.encode(), "/x") == assignment

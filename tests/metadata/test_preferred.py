@@ -25,6 +25,8 @@ def test_an_entry_replaces_the_configured_preferences(zk_client: KazooClient, zk
 
 def test_a_malformed_znode_names_itself(zk_client: KazooClient, zk_root: str) -> None:
     paths = ClusterPaths.of(zk_root)
-    zk_client.create(preferred_path(paths), b'{"servers": {"h:1": [true]}}', makepath=True)
+    zk_client.create(
+        preferred_path(paths), b'{"format_version": 1, "servers": {"h:1": [true]}}', makepath=True
+    )
     with pytest.raises(MetadataError, match=preferred_path(paths)):
         read_preferred(zk_client, paths)

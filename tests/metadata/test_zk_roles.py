@@ -51,3 +51,21 @@ def test_role_credentials_are_made_once_in_owner_only_files_and_read_back(tmp_pa
     (directory / ROLE_DIGEST_FILES[Role.CLIENT]).unlink()
     with pytest.raises(MetadataError, match="but not all of"):
         RoleCredentials.load_or_generate(directory)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"{not json",
+        b"[" * 60_000,  # nested deeper than the JSON decoder recurses
+        b'{"format_version": ' + b"1" * 5_000 + b"}",  # more digits than Python reads
+        b'{"client": "c:x"}',  # no format_version
+        b'{"format_version": true}',
+        b'{"format_version": 1.0}',
+        b"[1]",
+    ],
+    ids=["not-json", "too-deep", "too-long", "no-version", "bool-version", "float-version", "not-an-object"],
+)
+def test_a_roles_znode_that_waltz_py_did_not_write_is_a_metadata_error(data: bytes) -> None:
+    with pytest.raises(MetadataError, match="/r/roles"):
+        ClusterRoles.decode(data, "/r/roles")

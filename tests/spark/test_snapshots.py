@@ -563,9 +563,10 @@ def test_no_manifest_is_no_snapshot(damaged: Path, tmp_path: Path) -> None:
     (parent / "monday" / MANIFEST_NAME).write_text("{}")
     with pytest.raises(SnapshotError, match=r"snapshots below it: .*monday; give one of them"):
         read_manifest(str(parent))
-    (damaged / MANIFEST_NAME).write_text("{not json")
-    with pytest.raises(SnapshotError, match="is not JSON"):
-        read_manifest(str(damaged))
+    for content in ("{not json", "[" * 60_000, '{"form": ' + "9" * 5_000 + "}"):  # deep, long
+        (damaged / MANIFEST_NAME).write_text(content)
+        with pytest.raises(SnapshotError, match="is not JSON"):
+            read_manifest(str(damaged))
 
 
 def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: History, tmp_path: Path) -> None:

@@ -168,7 +168,7 @@ class ArchiveFiles:
             return None
         try:
             return json.loads(data)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # not JSON, nested too deep, too many digits
             raise ArchiveFormError(f"{self.name(relative)} is not JSON: {exc}") from exc
 
     def write_json(self, relative: str, document: dict[str, Any]) -> None:

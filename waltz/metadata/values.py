@@ -35,7 +35,8 @@ FORMAT_VERSION = 1
 
 
 def _load(data: bytes, path: str, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict[str, Any]:
-    """The znode's JSON object, refusing a ``format_version`` not in ``formats`` (absent: 1)."""
+    """The znode's JSON object, refusing a ``format_version`` not in ``formats``, of another type
+    than an integer, or missing (every form waltz-py wrote has one: docs/zookeeper.md "Encoding")."""
     try:
         value = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
@@ -44,8 +45,10 @@ def _load(data: bytes, path: str, formats: tuple[int, ...] = (FORMAT_VERSION,)) 
         raise MetadataError(f"znode {path} does not hold JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")
-    version = value.get("format_version", FORMAT_VERSION)
-    if version not in formats or isinstance(version, bool):
+    if "format_version" not in value:
+        raise MetadataError(f"znode {path} lacks the field 'format_version': waltz-py did not write it")
+    version = value["format_version"]
+    if type(version) is not int or version not in formats:
         reads = " or ".join(str(f) for f in formats)
         raise MetadataError(f"znode {path} has format version {version}; this waltz-py reads {reads}")
     return value

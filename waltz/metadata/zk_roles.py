@@ -196,9 +196,10 @@ class ClusterRoles:
         """
         try:
             value = json.loads(data)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise MetadataError(f"znode {path} is not JSON: {exc}") from exc
-        if not isinstance(value, dict) or value.get("format_version") != _FORMAT_VERSION:
+        version = value.get("format_version") if isinstance(value, dict) else None
+        if type(version) is not int or version != _FORMAT_VERSION:
             raise MetadataError(f"znode {path}: expected format_version {_FORMAT_VERSION}")
         identities = {role.value: value.get(role.value) for role in Role}
         if not all(isinstance(v, str) and ":" in v for v in identities.values()):

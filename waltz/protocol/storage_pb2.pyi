@@ -379,7 +379,7 @@ class SetLowWaterMarkRequest(_message.Message):
 
     LOW_WATER_MARK_FIELD_NUMBER: _builtins.int
     low_water_mark: _builtins.int
-    """the max transaction ID when this store session started"""
+    """the cluster high-water mark this store session has reached (at the end of its recovery, then as it commits)"""
     def __init__(
         self,
         *,

@@ -699,7 +699,7 @@ def read_manifest(location: str) -> SnapshotManifest:
         raise SnapshotError(f"{location}: {_no_manifest(filesystem, root, exc)}") from exc
     try:
         raw = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON, nested too deep, too many digits
         raise SnapshotError(f"{location}/{MANIFEST_NAME} is not JSON: {exc}") from exc
     return SnapshotManifest.from_json(raw, f"{location}/{MANIFEST_NAME}")
 

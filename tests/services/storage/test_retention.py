@@ -252,8 +252,21 @@ def test_each_keep_setting_holds_segments_back(disk: Disk) -> None:
         b'{"form": 1, "kind": "waltz-storage-retention", "partition_id": 0, "archived_through": "59"}',
         b'{"form": 1, "kind": "something else", "partition_id": 0, "archived_through": 59}',
         b"\xff\xfe",
+        b"[" * 60_000,  # within the size limit; nested deeper than the JSON decoder recurses
+        b'{"form": 1, "kind": "waltz-storage-retention", "partition_id": 0, "archived_through": '
+        + b"9" * 5_000
+        + b"}",  # longer than Python's limit on an integer's digits
     ],
-    ids=["not-json", "newer-form", "other-partition", "text-value", "other-kind", "not-utf8"],
+    ids=[
+        "not-json",
+        "newer-form",
+        "other-partition",
+        "text-value",
+        "other-kind",
+        "not-utf8",
+        "too-deep",
+        "too-long",
+    ],
 )
 def test_a_damaged_retention_file_deletes_nothing(
     disk: Disk, content: bytes, caplog: pytest.LogCaptureFixture

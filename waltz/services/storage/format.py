@@ -190,8 +190,10 @@ class PartitionInfo:
 
     Attributes:
         session_id: the store session that last set the low-water mark (-1: none yet).
-        low_water_mark: the partition's cluster high-water mark when that session started.
-        local_low_water_mark: the highest valid transaction ID stored here when it started.
+        low_water_mark: the partition's cluster high-water mark that session last recorded here (at
+            the end of its recovery, then raised as it commits).
+        local_low_water_mark: the highest valid transaction ID stored here at that moment, capped
+            at the low-water mark.
     """
 
     session_id: int

@@ -118,8 +118,8 @@ def read_retention_file(directory: Path, partition_id: int) -> RetentionRecord |
         raise _damaged(path, partition_id, f"larger than {_MAX_BYTES} bytes")
     try:
         document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _damaged(path, partition_id, f"not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8 or JSON, nested too deep, too many digits
+        raise _damaged(path, partition_id, f"not JSON that this node reads ({exc})") from None
     if not isinstance(document, dict):
         raise _damaged(path, partition_id, "not a JSON object")
     form = _integer(document, "form", path, partition_id)

@@ -335,7 +335,8 @@ class StoragePartition:
             )
 
     def set_low_water_mark(self, session_id: int, low_water_mark: int) -> None:
-        """Record that ``session_id`` started with the cluster high-water mark ``low_water_mark``.
+        """Record that ``session_id`` has reached the cluster high-water mark ``low_water_mark``
+        (at the end of its recovery, then as it commits).
 
         The local low-water mark is the highest valid transaction ID stored here, capped at the
         low-water mark (docs/design/storage.md "Control file"). The low-water mark never goes down
