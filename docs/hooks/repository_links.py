@@ -9,8 +9,9 @@ lies outside ``docs/`` and exists in the repository:
 
 - with ``repo_url`` set in mkdocs.yml, into a link to the file in the repository browser,
   ``<repo_url>/blob/<extra.repository_branch, default main>/<path>``;
-- without it, into text naming the file: ``raw (`benchmarks/results/....json`)``, or the label
-  alone when it already names the file or its directory.
+- without it, into text naming the file: ``raw (`benchmarks/results/....json`)``; the file's
+  path alone, in code font, when the label already names the file (its path or its name); the
+  label alone when it names the file's directory.
 
 A link outside ``docs/`` to a file that does not exist is left alone, so MkDocs still reports it.
 Links inside code (fenced blocks and inline code spans) are not touched.
