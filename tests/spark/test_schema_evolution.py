@@ -1013,6 +1013,100 @@ def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load
     }
 
 
+@upcaster(from_version=1, description="the token's hex, and whether it came as a UUID or as text")
+def token_as_given(change: RowChange) -> RowChange:
+    values = dict(change.values)
+    token = values.pop("token")
+    del values["at"], values["blob"]
+    values["given"] = "uuid" if isinstance(token, uuid.UUID) else type(token).__name__
+    values["token_hex"] = token.hex if isinstance(token, uuid.UUID) else str(token).replace("-", "")
+    return dataclasses.replace(change, values=values)
+
+
+class TokenAsGiven(DeclarativeBase):
+    pass
+
+
+class TokenV2(TokenAsGiven):
+    __tablename__ = "evo_typed"
+    __waltz__ = WaltzEntity("evo_typed", schema_version=2, upcasters=[token_as_given])
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    token_hex: Mapped[str] = mapped_column(String(32))
+    given: Mapped[str] = mapped_column(String(10))
+
+
+@pytest.mark.parametrize(("recorded", "given"), [("UUID", "uuid"), ("CHAR(32)", "str")])
+def test_a_snapshot_that_recorded_a_uuid_column_as_char_32_gives_the_upcasters_its_text(
+    spark: Any, tmp_path: Path, recorded: str, given: str
+) -> None:
+    """The manifest's older form of a UUID column on a database without a UUID type: ``CHAR(32)``,
+    as snapshots gave it before the manifest said ``UUID``. Such a snapshot stays readable: the
+    load and the rebuild hand the upcasters the column's text, where the current form gives a
+    ``uuid.UUID`` (docs/design/spark.md, "Snapshots")."""
+    from sqlalchemy import insert
+
+    from waltz.spark.snapshot import (
+        MANIFEST_NAME,
+        load_snapshot,
+        read_manifest,
+        read_snapshot_file,
+        rows_as_changes,
+        stored_rows,
+        write_snapshot,
+    )
+
+    old_views = dataclasses.replace(
+        VIEWS_V2,
+        tables=[TypedV1.__table__],  # type: ignore[attr-defined]
+        entities=EntityRegistry([TypedV1]),
+    )
+    source = create_framework_engine(f"sqlite:///{tmp_path / 'typed.db'}")
+    tokens = {i: uuid.uuid4() for i in (1, 2)}
+    at = dt.datetime(2026, 3, 1, 23, 30, tzinfo=dt.UTC)
+    location = tmp_path / "snapshot"
+    try:
+        upgrade(source)
+        TypedV1.__table__.create(source)  # type: ignore[attr-defined]
+        with source.begin() as conn:
+            conn.execute(
+                insert(TypedV1.__table__),  # type: ignore[attr-defined]
+                [{"id": i, "token": tokens[i], "at": at, "blob": b"x"} for i in (1, 2)],
+            )
+        write_snapshot(old_views, source, str(location))
+    finally:
+        source.dispose()
+    document = json.loads((location / MANIFEST_NAME).read_text())
+    (entry,) = [t for t in document["tables"] if t["table"] == "evo_typed"]
+    assert ["token", "UUID"] in entry["columns"], entry["columns"]  # the current form
+    entry["columns"] = [[name, recorded if name == "token" else kind] for name, kind in entry["columns"]]
+    (location / MANIFEST_NAME).write_text(json.dumps(document))
+
+    def _prepare(engine: Engine) -> None:
+        upgrade(engine)
+        TokenAsGiven.metadata.create_all(engine)
+
+    new_views = dataclasses.replace(
+        VIEWS_V2,
+        tables=[TokenV2.__table__],  # type: ignore[attr-defined]
+        prepare=_prepare,
+        entities=EntityRegistry([TokenV2]),
+    )
+    expected = {i: {"id": i, "token_hex": tokens[i].hex, "given": given} for i in (1, 2)}
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(location), new_views, url)
+    assert _table(url, TokenV2) == expected
+
+    manifest = read_manifest(str(location))
+    (info,) = list(new_views.entities or ())
+    upcast = stored_rows(manifest, info)
+    assert upcast is not None
+    rows = read_snapshot_file(spark, str(location), "evo_typed.parquet")
+    replayed = rows_as_changes(rows, info, upcast=upcast, where="evo_typed.parquet").collect()
+    assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
+        i: {k: str(v) for k, v in row.items()} for i, row in expected.items()
+    }
+
+
 def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
     """A Python UDF gets a ``timestamp`` as a naive datetime in the process's local time: the
     upcasters get the instant it stands for, in UTC, whatever the machine's zone (here New York)."""
