@@ -91,6 +91,24 @@ def test_a_floor_counts_transactions_as_applied_elsewhere() -> None:
     assert callbacks.applied == [0, 1, 5, 6]
 
 
+def test_the_backlog_counts_transactions_not_floors() -> None:
+    """A mount queues the callbacks' mark as a floor before the transactions of its feed; until the
+    worker takes it, the backlog (what ``client.maxApplyBacklog`` bounds) is the transactions."""
+    mark = Watermark(-1)
+    worker = ApplyWorker(4, Callbacks(), mark)  # not started: nothing is taken
+    worker.set_floor(11)
+    worker.enqueue_many([(txn(tid), None) for tid in range(12, 17)])
+    worker.set_floor(13)
+    assert worker.backlog == 5
+    assert worker.applied_mark == 11
+    worker.start()
+    try:
+        assert mark.wait(16, 10), f"applied only up to {mark.value}"
+        assert worker.backlog == 0
+    finally:
+        worker.close()
+
+
 def test_batches_when_the_callbacks_implement_the_hook() -> None:
     callbacks = BatchCallbacks()
     mark = Watermark(-1)

@@ -126,6 +126,7 @@ class ApplyWorker:
         self._max_backoff = max_backoff
         self._metrics = metrics
         self._items: deque[_Entry | _Floor] = deque()
+        self._floors = 0  # the floors among the items
         self._in_progress = 0  # transactions of the batch being applied
         self._condition = threading.Condition()
         self._closed = threading.Event()
@@ -163,8 +164,9 @@ class ApplyWorker:
 
     @property
     def backlog(self) -> int:
-        """Transactions held for the application: queued, plus the batch being applied."""
-        return len(self._items) + self._in_progress
+        """Transactions held for the application: queued, plus the batch being applied (the
+        floors queued are not transactions)."""
+        return len(self._items) - self._floors + self._in_progress
 
     @property
     def applied_mark(self) -> int:
@@ -198,6 +200,7 @@ class ApplyWorker:
         """After what is queued, count every transaction up to ``mark`` as applied."""
         with self._condition:
             self._items.append(_Floor(mark))
+            self._floors += 1
             self._condition.notify()
 
     def close(self, timeout: float = 10.0) -> None:
@@ -222,6 +225,7 @@ class ApplyWorker:
                 while self._items and isinstance(self._items[0], _Floor):
                     floor = self._items.popleft()
                     assert isinstance(floor, _Floor)
+                    self._floors -= 1
                     if self._absorbs:
                         self._absorb_floor(floor.mark)
                     if self._absorbed is not None:
