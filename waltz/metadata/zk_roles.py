@@ -198,7 +198,9 @@ class ClusterRoles:
             value = json.loads(data)
         except (ValueError, RecursionError) as exc:
             raise MetadataError(f"znode {path} is not JSON: {exc}") from exc
-        version = value.get("format_version") if isinstance(value, dict) else None
+        if not isinstance(value, dict):
+            raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")
+        version = value.get("format_version")
         if type(version) is not int or version != _FORMAT_VERSION:
             raise MetadataError(f"znode {path}: expected format_version {_FORMAT_VERSION}")
         identities = {role.value: value.get(role.value) for role in Role}
