@@ -158,3 +158,45 @@ def test_the_last_server_of_a_rolling_restart_takes_its_share_once_settled(
             wait_until(lambda i=index: owned(i) >= 1, timeout=60, what=f"server {index} to take a partition")
         cluster.wait_ready(timeout=60)
         assert sorted(owned(i) for i in range(3)) == [1, 1, 2]
+
+
+def test_a_server_that_registers_again_after_a_lost_session_keeps_its_reclaim_delay(
+    zk_client: KazooClient, zk_root: str
+) -> None:
+    """After its ZooKeeper session was lost and a new one made, a server registers again and takes
+    part in the election with a new cluster manager: one with the server's
+    ``server.preferredPartitionsReclaimDelay``, not the default 30 s."""
+    import asyncio
+    import uuid
+
+    from waltz.metadata.values import ClusterParams, ConnectionMetadata, GroupDescriptor, ReplicaAssignments
+    from waltz.metadata.zk import ClusterZk
+    from waltz.services.server.app import ServerApp
+    from waltz.services.server.cluster_manager import ServerMembership
+    from waltz.services.server.config import ServerConfig
+
+    cluster = ClusterZk(zk_client, zk_root)
+    cluster.create(
+        ClusterParams("again", 2, uuid.uuid4()),
+        ReplicaAssignments({"h:1": (0, 1)}),
+        GroupDescriptor({"h:1": 0}),
+        ConnectionMetadata({"h:1": 2}),
+    )
+    config = ServerConfig(
+        zookeeper_connect_string="127.0.0.1:1",  # unused: the test hands the server its session
+        cluster_root=zk_root,
+        server_preferred_partitions_reclaim_delay=RECLAIM_DELAY,
+        server_insecure=True,  # no port is opened
+    )
+    server = ServerApp(config)
+    server._zk, server._cluster, server.num_partitions = zk_client, cluster, 2
+    server._membership = ServerMembership(zk_client, cluster.paths, "127.0.0.1:1", (), lambda _: None)
+    server._stopping = True  # no partitions/epochs read: only the election is looked at
+    asyncio.run(server._register_again())
+    manager = server._manager
+    assert manager is not None
+    try:
+        assert manager._reclaim_delay == RECLAIM_DELAY
+    finally:
+        manager.stop()
+        server._membership.unregister()

@@ -197,14 +197,7 @@ class ServerApp:
         connection = await asyncio.to_thread(self._cluster.connection)
         await check_storage_connections(connection.value.admin_ports, self.store_config.tls)
         member = await asyncio.to_thread(self._membership.register)
-        self._manager = ClusterManager(
-            zk,
-            self._cluster.paths,
-            self.num_partitions,
-            member,
-            reclaim_delay=config.server_preferred_partitions_reclaim_delay,
-        )
-        self._manager.start()
+        self._start_cluster_manager(zk, member)
         # The epochs, and the watch on them, before any partition is opened by a client: a parent
         # marked sealing gets its barrier from its owner with no client about (Partition.epochs_changed).
         self._reread_epochs()
@@ -338,9 +331,21 @@ class ServerApp:
         member = await asyncio.to_thread(self._membership.register)
         if self._manager is not None:
             await asyncio.to_thread(self._manager.stop)
-        self._manager = ClusterManager(self._zk, self._cluster.paths, self.num_partitions, member)
-        self._manager.start()
+        self._start_cluster_manager(self._zk, member)
         self._reread_epochs()  # a new session holds no watch: set it again
+
+    def _start_cluster_manager(self, zk: KazooClient, member: str) -> None:
+        """Take part in the cluster manager election as ``member``, with this server's settings
+        (docs/design/server.md "Cluster manager"): at start, and after a new ZooKeeper session."""
+        assert self._cluster is not None
+        self._manager = ClusterManager(
+            zk,
+            self._cluster.paths,
+            self.num_partitions,
+            member,
+            reclaim_delay=self.config.server_preferred_partitions_reclaim_delay,
+        )
+        self._manager.start()
 
     # ---- the partitions' epochs (docs/design/splits.md "The handover") ----
 
