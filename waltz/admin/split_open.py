@@ -8,7 +8,7 @@ takes opens with the count at creation); docs/design/archive.md "Restoring a clu
 archive" (how a partition is made to start at a later transaction ID); docs/design/zookeeper.md
 "Partition metadata".
 
-:func:`plan_child_open` reads the epochs znode, ``store/assignment`` and the cluster's parameters
+:func:`plan_child_open` reads the epochs znode and ``store/assignment``
 and returns the :class:`ChildOpenPlan` (the start, the storage nodes, the partition metadata), or
 refuses, writing nothing. :func:`open_child` carries the plan out, in an order that a run stopped
 anywhere can finish by running again, and that changes nothing once done:
