@@ -943,22 +943,12 @@ class TypedV2(Typed):
     size: Mapped[int] = mapped_column(Integer)
 
 
-def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load_and_the_rebuild(
-    spark: Any, tmp_path: Path
-) -> None:
-    """A UUID, a timestamp with a time zone and bytes: the load (pyarrow) and the rebuild (Spark
-    rows) hand them to the upcasters alike, as ``uuid.UUID``, an aware datetime and ``bytes``."""
+def _typed_v1_snapshot(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    """A snapshot of ``evo_typed`` rows at schema version 1 (:class:`TypedV1`), read from SQLite:
+    its location."""
     from sqlalchemy import insert
 
-    from waltz.spark.decoders import render_value
-    from waltz.spark.snapshot import (
-        load_snapshot,
-        read_manifest,
-        read_snapshot_file,
-        rows_as_changes,
-        stored_rows,
-        write_snapshot,
-    )
+    from waltz.spark.snapshot import write_snapshot
 
     old_views = dataclasses.replace(
         VIEWS_V2,
@@ -966,51 +956,70 @@ def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load
         entities=EntityRegistry([TypedV1]),
     )
     source = create_framework_engine(f"sqlite:///{tmp_path / 'typed.db'}")
+    location = tmp_path / "snapshot"
+    try:
+        upgrade(source)
+        TypedV1.__table__.create(source)  # type: ignore[attr-defined]
+        with source.begin() as conn:
+            conn.execute(insert(TypedV1.__table__), rows)  # type: ignore[attr-defined]
+        write_snapshot(old_views, source, str(location))
+    finally:
+        source.dispose()
+    return location
+
+
+def _loaded_and_replayed(
+    spark: Any, location: Path, model: Any, tmp_path: Path
+) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """The ``evo_typed`` snapshot at ``location`` read by ``model`` (its upcasters) both ways: the
+    rows the load writes, and the row changes the rebuild replays (id -> values)."""
+    from waltz.spark.snapshot import (
+        load_snapshot,
+        read_manifest,
+        read_snapshot_file,
+        rows_as_changes,
+        stored_rows,
+    )
+
+    def _prepare(engine: Engine) -> None:
+        upgrade(engine)
+        model.metadata.create_all(engine)
+
+    views = dataclasses.replace(
+        VIEWS_V2, tables=[model.__table__], prepare=_prepare, entities=EntityRegistry([model])
+    )
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(location), views, url)
+    (info,) = list(views.entities or ())
+    upcast = stored_rows(read_manifest(str(location)), info)
+    assert upcast is not None
+    rows = read_snapshot_file(spark, str(location), "evo_typed.parquet")
+    replayed = rows_as_changes(rows, info, upcast=upcast, where="evo_typed.parquet").collect()
+    return _table(url, model), {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed}
+
+
+def test_the_upcasters_get_a_snapshot_s_values_as_the_log_gives_them_in_the_load_and_the_rebuild(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A UUID, a timestamp with a time zone and bytes: the load (pyarrow) and the rebuild (Spark
+    rows) hand them to the upcasters alike, as ``uuid.UUID``, an aware datetime and ``bytes``."""
+    from waltz.spark.decoders import render_value
+
     tokens = {i: uuid.uuid4() for i in (1, 2)}
     stamps = {
         1: dt.datetime(2026, 3, 1, 23, 30, tzinfo=dt.UTC),
         2: dt.datetime(2026, 3, 2, 0, 30, tzinfo=dt.UTC),
     }
-    try:
-        upgrade(source)
-        TypedV1.__table__.create(source)  # type: ignore[attr-defined]
-        with source.begin() as conn:
-            conn.execute(
-                insert(TypedV1.__table__),  # type: ignore[attr-defined]
-                [{"id": i, "token": tokens[i], "at": stamps[i], "blob": b"x" * i} for i in (1, 2)],
-            )
-        write_snapshot(old_views, source, str(tmp_path / "snapshot"))
-    finally:
-        source.dispose()
+    location = _typed_v1_snapshot(
+        tmp_path, [{"id": i, "token": tokens[i], "at": stamps[i], "blob": b"x" * i} for i in (1, 2)]
+    )
     expected = {
         i: {"id": i, "token_hex": tokens[i].hex, "day": stamps[i].date().isoformat(), "size": i}
         for i in (1, 2)
     }
-
-    def _prepare_typed(engine: Engine) -> None:
-        upgrade(engine)
-        Typed.metadata.create_all(engine)
-
-    new_views = dataclasses.replace(
-        VIEWS_V2,
-        tables=[TypedV2.__table__],  # type: ignore[attr-defined]
-        prepare=_prepare_typed,
-        entities=EntityRegistry([TypedV2]),
-    )
-    url = f"sqlite:///{tmp_path / 'loaded.db'}"
-    load_snapshot(str(tmp_path / "snapshot"), new_views, url)
-    assert _table(url, TypedV2) == expected
-
-    location = str(tmp_path / "snapshot")
-    manifest = read_manifest(location)
-    (info,) = list(new_views.entities or ())
-    upcast = stored_rows(manifest, info)
-    assert upcast is not None
-    rows = read_snapshot_file(spark, location, "evo_typed.parquet")
-    replayed = rows_as_changes(rows, info, upcast=upcast, where="evo_typed.parquet").collect()
-    assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
-        i: {k: render_value(v) for k, v in row.items()} for i, row in expected.items()
-    }
+    loaded, replayed = _loaded_and_replayed(spark, location, TypedV2, tmp_path)
+    assert loaded == expected
+    assert replayed == {i: {k: render_value(v) for k, v in row.items()} for i, row in expected.items()}
 
 
 @upcaster(from_version=1, description="the token's hex, and whether it came as a UUID or as text")
@@ -1043,68 +1052,23 @@ def test_a_snapshot_that_recorded_a_uuid_column_as_char_32_gives_the_upcasters_i
     as snapshots gave it before the manifest said ``UUID``. Such a snapshot stays readable: the
     load and the rebuild hand the upcasters the column's text, where the current form gives a
     ``uuid.UUID`` (docs/design/spark.md, "Snapshots")."""
-    from sqlalchemy import insert
+    from waltz.spark.snapshot import MANIFEST_NAME
 
-    from waltz.spark.snapshot import (
-        MANIFEST_NAME,
-        load_snapshot,
-        read_manifest,
-        read_snapshot_file,
-        rows_as_changes,
-        stored_rows,
-        write_snapshot,
-    )
-
-    old_views = dataclasses.replace(
-        VIEWS_V2,
-        tables=[TypedV1.__table__],  # type: ignore[attr-defined]
-        entities=EntityRegistry([TypedV1]),
-    )
-    source = create_framework_engine(f"sqlite:///{tmp_path / 'typed.db'}")
     tokens = {i: uuid.uuid4() for i in (1, 2)}
     at = dt.datetime(2026, 3, 1, 23, 30, tzinfo=dt.UTC)
-    location = tmp_path / "snapshot"
-    try:
-        upgrade(source)
-        TypedV1.__table__.create(source)  # type: ignore[attr-defined]
-        with source.begin() as conn:
-            conn.execute(
-                insert(TypedV1.__table__),  # type: ignore[attr-defined]
-                [{"id": i, "token": tokens[i], "at": at, "blob": b"x"} for i in (1, 2)],
-            )
-        write_snapshot(old_views, source, str(location))
-    finally:
-        source.dispose()
+    location = _typed_v1_snapshot(
+        tmp_path, [{"id": i, "token": tokens[i], "at": at, "blob": b"x"} for i in (1, 2)]
+    )
     document = json.loads((location / MANIFEST_NAME).read_text())
     (entry,) = [t for t in document["tables"] if t["table"] == "evo_typed"]
     assert ["token", "UUID"] in entry["columns"], entry["columns"]  # the current form
     entry["columns"] = [[name, recorded if name == "token" else kind] for name, kind in entry["columns"]]
     (location / MANIFEST_NAME).write_text(json.dumps(document))
 
-    def _prepare(engine: Engine) -> None:
-        upgrade(engine)
-        TokenAsGiven.metadata.create_all(engine)
-
-    new_views = dataclasses.replace(
-        VIEWS_V2,
-        tables=[TokenV2.__table__],  # type: ignore[attr-defined]
-        prepare=_prepare,
-        entities=EntityRegistry([TokenV2]),
-    )
     expected = {i: {"id": i, "token_hex": tokens[i].hex, "given": given} for i in (1, 2)}
-    url = f"sqlite:///{tmp_path / 'loaded.db'}"
-    load_snapshot(str(location), new_views, url)
-    assert _table(url, TokenV2) == expected
-
-    manifest = read_manifest(str(location))
-    (info,) = list(new_views.entities or ())
-    upcast = stored_rows(manifest, info)
-    assert upcast is not None
-    rows = read_snapshot_file(spark, str(location), "evo_typed.parquet")
-    replayed = rows_as_changes(rows, info, upcast=upcast, where="evo_typed.parquet").collect()
-    assert {int(r["key_values"]["id"]): dict(r["values"]) for r in replayed} == {
-        i: {k: str(v) for k, v in row.items()} for i, row in expected.items()
-    }
+    loaded, replayed = _loaded_and_replayed(spark, location, TokenV2, tmp_path)
+    assert loaded == expected
+    assert replayed == {i: {k: str(v) for k, v in row.items()} for i, row in expected.items()}
 
 
 def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
