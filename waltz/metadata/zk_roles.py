@@ -28,6 +28,7 @@ from kazoo.client import KazooClient
 from kazoo.security import ACL, Id, Permissions, make_digest_acl_credential
 
 from waltz.errors import MetadataError
+from waltz.metadata.values import _load
 from waltz.metadata.zk_security import ZooKeeperSecurity
 from waltz.private_files import private_directory
 
@@ -194,15 +195,7 @@ class ClusterRoles:
         Raises:
             MetadataError: not the JSON of :meth:`encode`.
         """
-        try:
-            value = json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise MetadataError(f"znode {path} is not JSON: {exc}") from exc
-        if not isinstance(value, dict):
-            raise MetadataError(f"znode {path} holds {type(value).__name__}, expected an object")
-        version = value.get("format_version")
-        if type(version) is not int or version != _FORMAT_VERSION:
-            raise MetadataError(f"znode {path}: expected format_version {_FORMAT_VERSION}")
+        value = _load(data, path, (_FORMAT_VERSION,))
         identities = {role.value: value.get(role.value) for role in Role}
         if not all(isinstance(v, str) and ":" in v for v in identities.values()):
             raise MetadataError(f"znode {path}: every role needs a digest identity user:hash")
