@@ -210,6 +210,9 @@ def test_a_submission_whose_await_is_cancelled_before_its_first_attempt_runs_goe
             assert (await asyncio.wait_for(holding, 30)).committed
             await client.flush(20)
             assert _in_flight(client, 0) == 0
+            # A future completes once its commit is in the feed, before its apply; closing leaves
+            # queued applies, so the client closes once both are applied.
+            await settle(lambda: len(store.applied[0]) == 2, "both contexts to be applied", 10)
 
     _run_bounded(main, 120)
     assert queued.outcomes.completions == [True], queued.outcomes
@@ -240,6 +243,9 @@ def test_a_submission_whose_await_is_cancelled_while_it_waits_to_read_its_writes
             store.go.set()
             await client.flush(20)
             assert _in_flight(client, 0) == 0
+            # A future completes once its commit is in the feed, before its apply; closing leaves
+            # queued applies, so the client closes once both are applied.
+            await settle(lambda: len(store.applied[0]) == 2, "both contexts to be applied", 10)
 
     _run_bounded(main, 120)
     assert second.outcomes.completions == [True], second.outcomes
