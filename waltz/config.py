@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -19,7 +20,7 @@ import yaml
 from pydantic import ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from waltz.errors import ConfigurationError
 
@@ -187,9 +188,12 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
-            raise ConfigurationError(f"cannot read configuration file {path}: {exc}") from exc
+            raise ConfigurationError(f"cannot read configuration file {path}: {_yaml_problem(exc)}") from exc
         if not isinstance(loaded, Mapping):
-            raise ConfigurationError(f"configuration file {path} must hold a mapping of keys to values")
+            raise ConfigurationError(
+                f"configuration file {path} must be YAML holding a mapping of keys to values "
+                "(lines such as 'storage.port: 55280'), not key=value lines nor TOML tables"
+            )
         try:
             flat = flatten_keys(loaded)
         except ConfigurationError as exc:
@@ -213,7 +217,34 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
         raise ConfigurationError(
             f"invalid configuration{f' in {path}' if path else ''}:\n{_explained(cls, exc)}"
         ) from exc
+    except SettingsError as exc:  # a list or mapping from the environment that is not JSON
+        raise ConfigurationError(_unparsed_variable(cls, exc)) from exc
     return cls.model_validate(settings.model_dump())
+
+
+def _yaml_problem(exc: BaseException) -> str:
+    """What is wrong with a configuration file, and where, without quoting its text: PyYAML's own
+    message shows the offending line, which may hold a credential (docs/configuration.md)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return str(exc)  # the file's absence, a directory, bytes that are not UTF-8: no contents
+    parts = []
+    for said, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if said:
+            parts.append(f"{said} (line {mark.line + 1}, column {mark.column + 1})" if mark else said)
+    return f"not valid YAML: {'; '.join(parts) or 'a syntax error'}"
+
+
+def _unparsed_variable(cls: type[S], exc: SettingsError) -> str:
+    """The error of an environment variable that pydantic-settings could not decode as JSON (a
+    list setting), naming the variable, never its value."""
+    match = re.search(r'field "([^"]+)"', str(exc))
+    field = match.group(1) if match else ""
+    if field not in cls.model_fields:
+        return f"invalid configuration: {exc}"
+    return (
+        f"invalid configuration: the environment variable {_variable_of(cls, field)} must be JSON, "
+        f"as docs/configuration.md shows (a list is written [0, 1]); {field} could not be read from it"
+    )
 
 
 def _with_a_guess(key: str, known: Mapping[str, str]) -> str:

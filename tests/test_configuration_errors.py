@@ -1,0 +1,98 @@
+"""Configuration that cannot be read gives one clear line naming the setting or the place in the
+file, never a traceback nor a configured value (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from waltz.cli.main import app
+from waltz.config import load_settings
+from waltz.console.config import ConsoleConfig
+from waltz.errors import ConfigurationError
+from waltz.services.server.config import ServerConfig
+from waltz.services.storage.config import StorageConfig
+
+SECRET = "S3cretPassw0rd"
+
+
+def test_a_yaml_syntax_error_says_where_without_quoting_the_line(tmp_path: Path) -> None:
+    config = tmp_path / "server.yaml"
+    config.write_text(f'zookeeper.connectString: 127.0.0.1:2181\nzookeeper.auth.digest: "waltz-op:{SECRET}\n')
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(ServerConfig, config)
+    message = str(caught.value)
+    assert SECRET not in message and "waltz-op" not in message
+    assert "not valid YAML" in message
+    assert "quoted scalar (line 2, column 24)" in message
+    assert "unexpected end of stream (line 3, column 1)" in message
+
+    result = CliRunner().invoke(app, ["storage", "start", "--config", str(config)])
+    assert result.exit_code == 2
+    assert SECRET not in result.output and "Traceback" not in result.output
+
+
+def test_a_file_that_is_not_yaml_is_said_to_need_yaml(tmp_path: Path) -> None:
+    config = tmp_path / "storage.properties"
+    config.write_text("storage.port=55280\n")  # YAML reads it as one string, not a mapping
+    with pytest.raises(ConfigurationError, match=r"must be YAML .*'storage\.port: 55280'"):
+        load_settings(StorageConfig, config)
+    config.write_text("[storage]\nport = 55280\n")
+    with pytest.raises(ConfigurationError, match=r"not valid YAML: .*\(line 2, column 1\)"):
+        load_settings(StorageConfig, config)
+
+
+@pytest.mark.parametrize(
+    ("cls", "variable", "field"),
+    [
+        (ServerConfig, "WALTZ_SERVER_PREFERRED_PARTITIONS", "server_preferred_partitions"),
+        (ConsoleConfig, "WALTZ_CONSOLE_METRICS", "console_metrics"),
+    ],
+)
+def test_a_list_variable_that_is_not_json_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, cls: type, variable: str, field: str
+) -> None:
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_CONNECT_STRING", "127.0.0.1:2181")
+    monkeypatch.setenv("WALTZ_CLUSTER_ROOT", "/waltz")
+    monkeypatch.setenv("WALTZ_SERVER_INSECURE", "true")  # the documented value is then accepted
+    monkeypatch.setenv(variable, f"1,{SECRET}")
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings(cls)
+    message = str(caught.value)
+    assert f"the environment variable {variable} must be JSON" in message
+    assert field in message and SECRET not in message
+    monkeypatch.setenv(variable, "[0, 1]" if cls is ServerConfig else '["http://127.0.0.1:1/metrics"]')
+    load_settings(cls)  # the documented form is read
+
+
+def test_an_unknown_log_level_is_one_line_and_status_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = tmp_path / "node"
+    start = ["storage", "start", "--directory", str(directory), "--log-level", "bogus"]
+    result = CliRunner().invoke(app, start)
+    assert result.exit_code == 2
+    assert "unknown log level 'bogus'" in result.output and "Traceback" not in result.output
+    assert not directory.exists()  # nothing was started
+
+    monkeypatch.setenv("WALTZ_LOG_LEVEL", "loud")
+    result = CliRunner().invoke(app, ["cluster", "list", "--zookeeper", "127.0.0.1:1"])
+    assert result.exit_code == 2
+    assert "unknown log level 'loud'" in result.output and "Traceback" not in result.output
+
+    server = subprocess.run(
+        [sys.executable, "-m", "waltz.services.server", "--log-level", "nope", "--zookeeper", "127.0.0.1:1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert server.returncode == 2
+    assert server.stderr.strip().splitlines() == [
+        "error: unknown log level 'nope' (from --log-level or WALTZ_LOG_LEVEL); "
+        "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
+    ]
