@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import os
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,9 @@ from typer.testing import CliRunner, Result
 
 from waltz.cli.main import app
 from waltz.errors import SqlFrameworkError
+from waltz.jdbc_style import idempotency, skips
 from waltz.jdbc_style import migrations_api as api
-from waltz.jdbc_style import skips
+from waltz.jdbc_style.callbacks import AbstractClientCallbacksForSQL
 from waltz.jdbc_style.schema import high_water_marks, metadata, skipped_transactions
 
 FRAMEWORK_TABLES = {"waltz_high_water_marks", "waltz_idempotency_keys", "waltz_skipped_transactions"}
@@ -127,7 +128,7 @@ def test_current_is_head_after_upgrade_and_a_second_upgrade_changes_nothing(
     assert api.current(db_url) is None
 
     api.upgrade(db_url)
-    assert api.current(db_url) == api.head() == "waltz_0001"
+    assert api.current(db_url) == api.head() == "waltz_0002"
     assert version_rows(engine, api.VERSION_TABLE) == [api.head()]
     set_mark(engine, 0, 41)
 
@@ -165,6 +166,78 @@ def test_downgrade_to_base_drops_the_tables(db_url: str, engine: sa.Engine) -> N
     assert set(sa.inspect(engine).get_table_names()) & FRAMEWORK_TABLES == set()
     assert api.current(db_url) is None
     assert version_rows(engine, api.VERSION_TABLE) == []
+
+
+KEYS = ("Req-1", "req-1", "req-1 ", "réq-1")
+"""Idempotency keys that MariaDB's default collation (and its ``utf8mb4_bin``, for the trailing
+space) took for one."""
+
+
+def record_keys(engine: sa.Engine, keys: Sequence[str], first: int) -> list[bool]:
+    """Record each key as applied by its own transaction of partition 0 (``first``, ``first + 1``,
+    ...), in one database transaction."""
+    with engine.begin() as connection:
+        return [
+            idempotency.record_idempotency_key(
+                connection, cluster_name=CLUSTER, key=key, partition_id=0, transaction_id=first + i
+            )
+            for i, key in enumerate(keys)
+        ]
+
+
+def found_keys(engine: sa.Engine, keys: Sequence[str]) -> list[int | None]:
+    with engine.connect() as connection:
+        found = [idempotency.find_idempotency_key(connection, cluster_name=CLUSTER, key=key) for key in keys]
+    return [None if f is None else f.transaction_id for f in found]
+
+
+def column_collations(engine: sa.Engine) -> dict[str, str | None]:
+    """``table.column`` -> collation of every cluster name and idempotency key (MariaDB only)."""
+    with engine.connect() as connection:
+        rows = connection.execute(
+            sa.text(
+                "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+                "WHERE table_schema = DATABASE() AND column_name IN ('cluster_name', 'idempotency_key')"
+            )
+        ).all()
+    return {f"{table}.{column}": collation for table, column, collation in rows}
+
+
+def test_keys_and_cluster_names_that_differ_in_case_or_a_trailing_space_are_distinct(
+    db_url: str, engine: sa.Engine
+) -> None:
+    api.upgrade(db_url)
+
+    assert record_keys(engine, KEYS, 10) == [True] * len(KEYS)
+    assert found_keys(engine, KEYS) == [10, 11, 12, 13]
+    assert found_keys(engine, ["REQ-1", "req-1  "]) == [None, None]
+    assert record_keys(engine, KEYS, 20) == [False] * len(KEYS)  # each one's retry is known
+    set_mark(engine, 0, 5)
+    set_mark(engine, 0, 7, cluster_name=CLUSTER.upper())  # another log's mark, not this one's
+    assert sorted(m.high_water_mark for m in skips.list_marks(db_url)) == [5, 7]
+    if engine.dialect.name == "mysql":
+        assert set(column_collations(engine).values()) == {"utf8mb4_nopad_bin"}
+
+
+def test_upgrade_from_the_first_revision_keeps_the_rows_and_then_tells_keys_apart(
+    db_url: str, engine: sa.Engine
+) -> None:
+    api.upgrade(db_url, "waltz_0001")
+    set_mark(engine, 0, 41)
+    assert record_keys(engine, ["Req-1"], 10) == [True]
+    if engine.dialect.name == "mysql":  # the first revision's tables on MariaDB: one key
+        assert found_keys(engine, ["req-1", "req-1 "]) == [10, 10]
+        assert set(column_collations(engine).values()) == {"utf8mb4_general_ci"}
+
+    api.upgrade(db_url)
+    assert api.current(db_url) == "waltz_0002"
+    assert [(m.partition_id, m.high_water_mark) for m in skips.list_marks(db_url)] == [(0, 41)]
+    assert found_keys(engine, KEYS) == [10, None, None, None]
+    assert record_keys(engine, KEYS, 20) == [False, True, True, True]
+
+    if engine.dialect.name == "mysql":  # back to the first revision: keys so differing collide
+        with pytest.raises(sa.exc.IntegrityError):
+            api.downgrade(db_url, "waltz_0001")
 
 
 def test_application_alembic_version_is_left_alone(db_url: str, engine: sa.Engine) -> None:
@@ -303,6 +376,19 @@ def test_application_adopts_our_revisions_as_a_branch(tmp_path: Path, sqlite_eng
     assert api.current(sqlite_engine) is None  # not in waltz_alembic_version ...
     assert api.current(sqlite_engine, version_table="alembic_version") == api.head()  # ... but here
     api.check_current(sqlite_engine, version_table="alembic_version")
+
+    class Callbacks(AbstractClientCallbacksForSQL):
+        def apply(self, transaction: Any, session: Any) -> None:
+            raise AssertionError("nothing is applied here")
+
+        def uncaught_exception(
+            self, partition_id: int, transaction_id: int, exception: BaseException
+        ) -> None:
+            raise AssertionError("nothing is applied here")
+
+    with pytest.raises(api.FrameworkTablesMissingError):  # the framework's own table is empty
+        Callbacks(sqlite_engine, cluster_name=CLUSTER)
+    Callbacks(sqlite_engine, cluster_name=CLUSTER, version_table="alembic_version").release_connections()
     command.downgrade(config, f"{api.BRANCH_LABEL}@base")
     assert version_rows(sqlite_engine, "alembic_version") == ["app_0001"]
     assert set(sa.inspect(sqlite_engine).get_table_names()) & FRAMEWORK_TABLES == set()
@@ -413,10 +499,10 @@ def test_cli_upgrade_current_marks_and_skip(db_url: str, engine: sa.Engine) -> N
     assert "none: the framework tables are missing" in waltz_db("current", "--url", db_url, expect=1).output
     assert "waltz db upgrade" in waltz_db("marks", "--url", db_url, expect=2).output
 
-    assert "waltz_0001 (head)" in waltz_db("upgrade", "--url", db_url, expect=0).output
-    assert waltz_db("current", expect=0, env={"WALTZ_DB_URL": db_url}).output.strip() == "waltz_0001 (head)"
+    assert "waltz_0002 (head)" in waltz_db("upgrade", "--url", db_url, expect=0).output
+    assert waltz_db("current", expect=0, env={"WALTZ_DB_URL": db_url}).output.strip() == "waltz_0002 (head)"
     # --db, as waltz rebuild, demo and perf name it, is the same option.
-    assert waltz_db("current", "--db", db_url, expect=0).output.strip() == "waltz_0001 (head)"
+    assert waltz_db("current", "--db", db_url, expect=0).output.strip() == "waltz_0002 (head)"
 
     set_mark(engine, 0, 12)
     set_mark(engine, 1, 3)

@@ -35,6 +35,7 @@ from waltz.jdbc_style import (
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.entity_cache import MISSING, EntityCache, column_kinds
 from waltz.jdbc_style.entity_context import CachedSnapshot
+from waltz.jdbc_style.schema import ExactText
 from waltz.protocol.records import ReqId
 
 NUM_PARTITIONS = 4
@@ -503,6 +504,15 @@ class Collated(LocalBase):
     name: Mapped[str] = mapped_column(String(20, collation="NOCASE"), primary_key=True)
 
 
+class ExactlyNamed(LocalBase):
+    """A text key compared byte for byte on every backend: kept wherever it runs."""
+
+    __tablename__ = "cache_exactly_named"
+    __waltz__ = WaltzEntity("cache.exactly_named")
+    name: Mapped[str] = mapped_column(ExactText(20), primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)
+
+
 class Decorated(LocalBase):
     __tablename__ = "cache_decorated"
     __waltz__ = WaltzEntity("cache.decorated")
@@ -538,6 +548,12 @@ def test_which_models_are_kept() -> None:
     # where the database compares strings exactly, a text key without a collation of its own is kept
     assert column_kinds(others.info(ByName), exact_string_keys=True) == ((str, 20, False), (int, None, False))
     assert column_kinds(EntityRegistry([Collated]).info(Collated), exact_string_keys=True) is None
+    exact = EntityRegistry([ExactlyNamed]).info(ExactlyNamed)  # on MariaDB too
+    assert (
+        column_kinds(exact)
+        == column_kinds(exact, exact_string_keys=True)
+        == ((str, 20, False), (int, None, False))
+    )
     assert column_kinds(others.info(Decorated)) is None  # an application's own type
     assert column_kinds(others.info(Stamped)) is None  # a value set on update, not in the change-set
 

@@ -99,6 +99,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             connection) is retried before it is raised to the client (which retries later).
         check_schema: check at construction that the framework's tables are at the latest
             migration (raises ``FrameworkTablesMissingError`` with the command to run).
+        version_table: the table that records the framework's revision for that check: its own
+            ``waltz_alembic_version``, or the application's ``alembic_version`` when the
+            application adopted the framework's revisions as a branch of its own history
+            (docs/design/sql.md "Migrations").
 
     Raises:
         ValueError: ``cluster_name`` is empty or too long.
@@ -127,6 +131,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         cluster_name: str,
         retry_timeout: float = 60.0,
         check_schema: bool = True,
+        version_table: str = "waltz_alembic_version",
     ) -> None:
         from waltz.jdbc_style.schema import CLUSTER_NAME_LENGTH
 
@@ -157,7 +162,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         if check_schema:
             from waltz.jdbc_style.migrations_api import check_current
 
-            check_current(self.engine)
+            check_current(self.engine, version_table=version_table)
 
     # --- what subclasses implement ----------------------------------------------------------------
 

@@ -70,6 +70,7 @@ from sqlalchemy.types import CHAR
 
 from waltz.jdbc_style.changeset import ChangeSet, Operation
 from waltz.jdbc_style.entities import EntityInfo, EntityRegistry
+from waltz.jdbc_style.schema import ExactText
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "MISSING", "EntityCache", "column_kinds"]
 
@@ -87,7 +88,8 @@ def column_kinds(info: EntityInfo, exact_string_keys: bool = False) -> Kinds | N
     (``EntityInfo.row_statement``), keyed by integer columns, or also by string columns without
     a collation of their own when ``exact_string_keys`` (the database compares strings exactly:
     otherwise two spellings of one key, e.g. by case or trailing spaces under a database's
-    collation, could name one row), every column SQLAlchemy's own integer, string (not
+    collation, could name one row), or by :class:`~waltz.jdbc_style.schema.ExactText` columns on
+    any database, every column SQLAlchemy's own integer, string (not
     fixed-width ``CHAR``, not ``Enum``) or boolean type, and no update default (a value the
     database or SQLAlchemy sets on update would not be in the change-set)."""
     if info.row_statement is None:
@@ -97,7 +99,8 @@ def column_kinds(info: EntityInfo, exact_string_keys: bool = False) -> Kinds | N
         sql_type = column.type
         if column.onupdate is not None or column.server_onupdate is not None:
             return None
-        if type(sql_type).__module__.split(".")[0] != "sqlalchemy":
+        exact_text = isinstance(sql_type, ExactText)  # compared byte for byte on every backend
+        if type(sql_type).__module__.split(".")[0] != "sqlalchemy" and not exact_text:
             return None  # a TypeDecorator or an application's own type: its values may change
         if isinstance(sql_type, Boolean):
             kind: type = bool
@@ -108,7 +111,8 @@ def column_kinds(info: EntityInfo, exact_string_keys: bool = False) -> Kinds | N
         else:
             return None
         exact_key = kind is int or (
-            exact_string_keys and kind is str and getattr(sql_type, "collation", None) is None
+            kind is str
+            and (exact_text or (exact_string_keys and getattr(sql_type, "collation", None) is None))
         )
         if name in info.key and not exact_key:
             return None
