@@ -175,7 +175,7 @@ class Wallets:
         """
         read = await self.callbacks.read_entities_async(
             [(Wallet, wallet_id)],
-            num_partitions=self.client.num_partitions,
+            num_partitions=self.client,  # read where the wallet's transactions go, during a split too
             after=after,
             timeout=self.request_timeout,
         )

@@ -93,9 +93,10 @@ class Withdraw(EntityTransactionContext):
     def run(self, tx: EntityTransaction) -> bool:
         """Write the lower balance, or drop the request with the reason.
 
-        A dropped request appends nothing, so the framework's own check of the idempotency key
-        (before an append) never sees it: a request that would be dropped reads the key first, so
-        that a retry of a withdrawal that emptied the wallet is answered as already applied.
+        The framework reads the idempotency key of a dropped request too, so a retry of a
+        withdrawal that emptied the wallet ends already applied either way (docs/sql.md,
+        "Idempotency keys"); reading it here first shows where a service would answer such a
+        retry its own way.
         """
         tx.idempotency_key = self.request_id
         wallet = tx.get(Wallet, self.wallet_id)
