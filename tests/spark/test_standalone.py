@@ -115,6 +115,7 @@ def test_rebuild_and_drift_check_on_a_standalone_cluster(
     ):
         env = {
             **os.environ,
+            **spark_cluster.admin_env(),  # the operator's ZooKeeper credential and certificate
             "PYTHONPATH": python_path(),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": "127.0.0.1",
@@ -223,6 +224,7 @@ def test_rebuild_with_executors_on_hosts_of_their_own(
         )
         env = {
             **os.environ,
+            **cluster.admin_env(),  # the operator's ZooKeeper credential and certificate
             "PYTHONPATH": python_path(),
             "PYSPARK_PYTHON": sys.executable,
             "SPARK_LOCAL_IP": lab.bridge_address,  # the driver, where the executors reach it
