@@ -47,32 +47,23 @@ def _exact_collation() -> str | None:
     return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
 
 
+def _retype(type_: sa.types.TypeEngine[str]) -> None:
+    for table, column in _COLUMNS:
+        op.alter_column(
+            table, column, existing_type=sa.String(_NAME_LENGTH), type_=type_, existing_nullable=False
+        )
+
+
 def upgrade() -> None:
     """Give the cluster names and idempotency keys a byte-for-byte collation on MariaDB/MySQL."""
     collation = _exact_collation()
-    if collation is None:
-        return
-    for table, column in _COLUMNS:
-        op.alter_column(
-            table,
-            column,
-            existing_type=sa.String(_NAME_LENGTH),
-            type_=mysql.VARCHAR(_NAME_LENGTH, collation=collation),
-            existing_nullable=False,
-        )
+    if collation is not None:
+        _retype(mysql.VARCHAR(_NAME_LENGTH, collation=collation))
 
 
 def downgrade() -> None:
     """Back to the table's default collation on MariaDB/MySQL. Fails (a duplicate primary key) if
     rows were written since that the default collation takes for equal: keys that differ only in
     case or in trailing spaces."""
-    if _exact_collation() is None:
-        return
-    for table, column in _COLUMNS:
-        op.alter_column(
-            table,
-            column,
-            existing_type=sa.String(_NAME_LENGTH),
-            type_=sa.String(_NAME_LENGTH),
-            existing_nullable=False,
-        )
+    if _exact_collation() is not None:
+        _retype(sa.String(_NAME_LENGTH))
