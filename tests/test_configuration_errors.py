@@ -96,3 +96,15 @@ def test_an_unknown_log_level_is_one_line_and_status_2(
         "error: unknown log level 'nope' (from --log-level or WALTZ_LOG_LEVEL); "
         "use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"
     ]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "Infinity"])
+def test_infinity_and_nan_are_refused_for_every_number(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """``ge=0`` lets infinity through: the storage node then failed at start with a traceback."""
+    monkeypatch.setenv("WALTZ_STORAGE_RETENTION_KEEP_SECONDS", value)
+    with pytest.raises(ConfigurationError, match=r"retention_keep_seconds .*finite number"):
+        load_settings(StorageConfig, directory="/d", insecure=True)
+    monkeypatch.delenv("WALTZ_STORAGE_RETENTION_KEEP_SECONDS")
+    monkeypatch.setenv("WALTZ_STORAGE_RETENTION_CHECK_INTERVAL", value)
+    with pytest.raises(ConfigurationError, match=r"retention_check_interval .*finite number"):
+        load_settings(StorageConfig, directory="/d", insecure=True)

@@ -84,8 +84,9 @@ class WaltzSettings(BaseSettings):
     each Waltz dotted key to a field name in ``KEYS``.
     """
 
-    #: Errors name the setting, never its value: a value may be a credential.
-    model_config = SettingsConfigDict(hide_input_in_errors=True)
+    #: Errors name the setting, never its value: a value may be a credential. Infinity and NaN are
+    #: no setting's value: a timeout, an interval or a limit of either breaks the arithmetic on it.
+    model_config = SettingsConfigDict(hide_input_in_errors=True, allow_inf_nan=False)
 
     KEYS: ClassVar[dict[str, str]] = {}
     #: Prefixes of the environment variables that belong to this class alone (``WALTZ_STORAGE_``):

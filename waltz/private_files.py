@@ -5,7 +5,8 @@ indexes), the cluster's keys and certificates, archives and snapshots written to
 directory, and the work directories of local clusters (ZooKeeper's data and the logs included)
 are created ``0600`` (files) and ``0700`` (directories), whatever the process's umask; the
 processes a local cluster starts run with the umask ``077``, so that what they create is private
-too. This module imports nothing of ours: every layer may use it.
+too. It also flushes such files and directories to disk (``fsync_file``, ``fsync_directory``) for
+the storage node and the archive. This module imports nothing of ours: every layer may use it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ __all__ = [
     "PRIVATE_DIRECTORY_MODE",
     "PRIVATE_FILE_MODE",
     "PRIVATE_UMASK",
+    "fsync_directory",
+    "fsync_file",
     "hold_directory",
     "open_private",
     "open_to_others",
@@ -34,6 +37,33 @@ PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIRECTORY_MODE = 0o700
 #: The umask of the processes a local cluster starts (what they create is private).
 PRIVATE_UMASK = 0o077
+
+
+def fsync_file(path: Path | str) -> None:
+    """Flush a file just written and closed to disk (its data and size), before it is renamed
+    into place or relied upon.
+
+    Raises:
+        OSError: the file cannot be opened, or the device refused the flush.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_directory(directory: Path | str) -> None:
+    """Flush a directory's entries (after creating, renaming, deleting or truncating files in it).
+
+    Raises:
+        OSError: the directory cannot be opened, or the device refused the flush.
+    """
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def private_directory(path: Path, *, narrow: bool = False) -> Path:

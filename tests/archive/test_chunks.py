@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import struct
 import tempfile
 import zlib
@@ -26,8 +27,14 @@ from waltz.archive.chunks import (
     write_chunk,
 )
 from waltz.archive.columns import data_crc, table_records
-from waltz.archive.errors import ArchiveCheckError, ArchiveFormError
-from waltz.archive.layout import ArchiveFiles, chunk_name, parse_chunk_name, partition_directory
+from waltz.archive.errors import ArchiveCheckError, ArchiveFormError, ArchiveUnreadableError
+from waltz.archive.layout import (
+    ArchiveFiles,
+    chunk_name,
+    parse_chunk_name,
+    partition_directory,
+    temporary_name,
+)
 from waltz.archive.manifests import (
     ArchiveManifest,
     PartitionManifest,
@@ -166,6 +173,31 @@ def _problem(files: ArchiveFiles, manifest: PartitionManifest) -> str:
     return message
 
 
+def test_chunks_and_manifests_are_on_disk_before_they_are_relied_upon(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each file is flushed to disk before it is renamed into place, and its directory after: the
+    storage nodes delete what the archive holds once the manifest names it."""
+    events: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    archive_of(tmp_path, 1, [records(0, 4)])
+    directory = tmp_path / "partition_id=1"
+    assert [path for _, path in events] == [
+        str(directory / temporary_name(chunk_name(0, 3))),  # the chunk, before its rename
+        str(directory),  # the rename
+        str(directory / "manifest.json.tmp"),  # the manifest naming it, before its rename
+        str(directory),
+    ]
+    chunk = chunk_path(1, chunk_name(0, 3))
+    assert (tmp_path / chunk).exists() and not list(Path(directory).glob("*.tmp"))
+
+
 def test_the_columnar_read_gives_the_chunks_rows(
     damaged: tuple[ArchiveFiles, PartitionManifest, Path],
 ) -> None:
@@ -277,6 +309,21 @@ def test_a_non_contiguous_manifest_names_the_chunk_and_its_range(tmp_path: Path)
     _write_manifest(tmp_path, {**document, "chunks": [document["chunks"][0], overlap]})
     with pytest.raises(ArchiveCheckError, match=r"\(transactions 5\.\.19\): the chunk .* overlaps"):
         read_partition_manifest(files, 0)
+
+
+def test_a_manifest_the_location_refuses_to_read_is_an_archive_error_naming_it(tmp_path: Path) -> None:
+    """A directory where a manifest should be, or a file where the archive's directory should be:
+    an error the commands report (exit 2, or a problem of verify), not an OSError's traceback."""
+    files = archive_of(tmp_path, 0, [records(0, 3)])
+    manifest = tmp_path / "partition_id=0" / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    with pytest.raises(ArchiveUnreadableError, match=r"partition_id=0/manifest\.json cannot be read: "):
+        read_partition_manifest(files, 0)
+    (tmp_path / "a-file").write_text("not a directory")
+    beneath = ArchiveFiles.open(str(tmp_path / "a-file" / "archive"))
+    with pytest.raises(ArchiveUnreadableError, match=r"archive\.json cannot be read: "):
+        read_archive_manifest(beneath)
 
 
 def test_a_newer_form_is_refused_with_upgrade(tmp_path: Path) -> None:

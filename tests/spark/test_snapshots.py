@@ -10,8 +10,10 @@ import dataclasses
 import datetime as dt
 import decimal
 import json
+import os
 import re
 import shutil
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -626,6 +628,24 @@ def test_another_application_s_log_is_refused_before_anything_is_written(
 def test_a_second_snapshot_never_overwrites_the_first(history: History) -> None:
     with pytest.raises(SnapshotError, match="holds a snapshot already"):
         write_snapshot(LEDGER_VIEWS, history.live, str(history.snapshot), cluster_name=NAME)
+
+
+def test_every_file_of_a_snapshot_is_private_in_a_directory_open_to_others(
+    history: History, tmp_path: Path
+) -> None:
+    """A directory made by hand, readable by everyone, under the usual umask: the snapshot's files
+    (the application's rows) are readable by their owner only, its manifest as its tables."""
+    target = tmp_path / "made-by-hand"
+    target.mkdir()
+    target.chmod(0o755)
+    umask = os.umask(0o022)
+    try:
+        write_snapshot(LEDGER_VIEWS, history.live, str(target), cluster_name=NAME)
+    finally:
+        os.umask(umask)
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in target.iterdir() if path.is_file()}
+    assert MANIFEST_NAME in modes and len(modes) > len(LEDGER_VIEWS.tables), modes
+    assert set(modes.values()) == {0o600}, modes
 
 
 class _NarrowBase(DeclarativeBase):

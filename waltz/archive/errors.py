@@ -15,6 +15,7 @@ __all__ = [
     "ArchiveFormError",
     "ArchiveFormTooNewError",
     "ArchiveRefusedError",
+    "ArchiveUnreadableError",
     "ReplicaMismatchError",
 ]
 
@@ -26,6 +27,12 @@ class ArchiveError(WaltzError):
 class ArchiveFormError(ArchiveError):
     """``archive.json`` or a partition's ``manifest.json`` is not JSON, not of its kind, of a form
     newer than this waltz-py reads, or lacks a field (the message names the file)."""
+
+
+class ArchiveUnreadableError(ArchiveError):
+    """A manifest of the archive exists but cannot be read: the location refused it (its
+    permissions, a directory or a file where a directory should be, an I/O error of a disk or an
+    object store). The message names the file and the location's reason."""
 
 
 class ArchiveFormTooNewError(ArchiveFormError):

@@ -18,11 +18,13 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from waltz.archive.errors import ArchiveFormError
+from waltz.archive.errors import ArchiveFormError, ArchiveUnreadableError
 from waltz.archive.location import (
     arrow_owned,
     create_private_dir,
+    make_durable,
     make_private,
+    move_durably,
     open_location,
     read_file,
     write_json_atomically,
@@ -119,10 +121,11 @@ class ArchiveFiles:
         return read_file(self.filesystem, self.path(relative))
 
     def write(self, relative: str, data: bytes) -> None:
-        """Write a file (its directory is created when missing; both private on a local directory).
+        """Write a file (its directory is created when missing; both private on a local directory,
+        and the file flushed to disk there).
 
         Raises:
-            OSError: the location refused the write.
+            OSError: the location refused the write, or the device the flush.
         """
         create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
         with self.filesystem.open_output_stream(self.path(relative)) as stream:
@@ -130,10 +133,16 @@ class ArchiveFiles:
             # after write returned (docs/design/archive.md "The archive's layout and forms").
             stream.write(arrow_owned(data))
         make_private(self.filesystem, self.path(relative))
+        make_durable(self.filesystem, self.path(relative))
 
     def move(self, source: str, target: str) -> None:
-        """Rename a file of the archive (replacing ``target``)."""
-        self.filesystem.move(self.path(source), self.path(target))
+        """Rename a file of the archive (replacing ``target``); on a local directory the rename
+        is flushed to disk before this returns.
+
+        Raises:
+            OSError: the location refused the rename, or the device the flush.
+        """
+        move_durably(self.filesystem, self.path(source), self.path(target))
 
     def delete(self, relative: str) -> None:
         """Delete a file of the archive."""
@@ -160,12 +169,14 @@ class ArchiveFiles:
 
         Raises:
             ArchiveFormError: the file is not JSON (named).
-            OSError: the file is unreadable.
+            ArchiveUnreadableError: the location refused the read (named, with its reason).
         """
         try:
             data = self.read(relative)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a directory in its place, permissions, a disk's or a store's error
+            raise ArchiveUnreadableError(f"{self.name(relative)} cannot be read: {exc}") from exc
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as exc:  # not JSON, nested too deep, too many digits

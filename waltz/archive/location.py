@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from waltz.errors import WaltzError
-from waltz.private_files import PRIVATE_FILE_MODE, private_directory
+from waltz.private_files import PRIVATE_FILE_MODE, fsync_directory, fsync_file, private_directory
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +37,9 @@ __all__ = [
     "check_form",
     "create_private_dir",
     "file_sha256",
+    "make_durable",
     "make_private",
+    "move_durably",
     "normal_location",
     "open_location",
     "read_file",
@@ -116,6 +118,31 @@ def make_private(filesystem: pafs.FileSystem, path: str) -> None:
         os.chmod(path, PRIVATE_FILE_MODE)
 
 
+def make_durable(filesystem: pafs.FileSystem, path: str) -> None:
+    """Flush a file just written and closed to disk on a local filesystem (an NFS mount included),
+    before it is renamed into place: the storage nodes delete segments on the strength of the
+    archive's files (docs/design/archive.md "The archiver"). Nothing elsewhere: an object
+    store's upload is durable once it has finished.
+
+    Raises:
+        OSError: the file cannot be opened, or the device refused the flush.
+    """
+    if _is_local(filesystem):
+        fsync_file(path)
+
+
+def move_durably(filesystem: pafs.FileSystem, source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` (replacing it) and, on a local filesystem, flush the
+    directory's entries, so that the rename outlives a crash of the host.
+
+    Raises:
+        OSError: the location refused the rename, or the device the flush.
+    """
+    filesystem.move(source, target)
+    if _is_local(filesystem):
+        fsync_directory(os.path.dirname(target))
+
+
 def file_sha256(filesystem: pafs.FileSystem, path: str) -> str:
     """The SHA-256 of a file's bytes, hex.
 
@@ -159,17 +186,19 @@ def read_file(filesystem: pafs.FileSystem, path: str) -> bytes:
 
 
 def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapping[str, Any]) -> None:
-    """Write a JSON document (indented, sorted keys) to ``path.tmp``, then rename it to ``path``.
+    """Write a JSON document (indented, sorted keys) to ``path.tmp``, then rename it to ``path``;
+    on a local filesystem the file is flushed to disk before the rename and the directory after.
 
     Raises:
-        OSError: the location refused the write or the rename.
+        OSError: the location refused the write, the rename or a flush.
     """
     data = json.dumps(document, indent=2, sort_keys=True).encode("utf-8") + b"\n"
     temporary = path + ".tmp"
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(arrow_owned(data))
     make_private(filesystem, temporary)
-    filesystem.move(temporary, path)
+    make_durable(filesystem, temporary)
+    move_durably(filesystem, temporary, path)
 
 
 def check_form(

@@ -38,6 +38,8 @@ from waltz.archive.location import (
     check_form,
     create_private_dir,
     file_sha256,
+    make_durable,
+    make_private,
     write_json_atomically,
 )
 from waltz.archive.location import open_location as open_any_location
@@ -332,6 +334,8 @@ def _write_table(
                 batch = []
         if batch or count == 0:
             flush()
+    make_private(filesystem, path)  # 0600 whatever the directory's mode (docs/design/storage.md)
+    make_durable(filesystem, path)  # on disk before the manifest names it
     return count
 
 

@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import errno
-import os
-from pathlib import Path
+
+from waltz.private_files import fsync_directory
 
 __all__ = ["NO_SPACE_ERRNOS", "fsync_directory", "is_no_space"]
 
 #: errno values that mean the device (or a quota, or a file size limit) has no room left.
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-
-
-def fsync_directory(directory: Path) -> None:
-    """Flush a directory's entries (after creating, renaming, deleting or truncating files in it)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def is_no_space(exc: OSError) -> bool:
