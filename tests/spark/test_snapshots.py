@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import decimal
+import hashlib
 import json
 import os
 import re
@@ -538,7 +539,34 @@ def test_a_snapshot_of_another_application_s_database_is_refused_before_anything
     [
         (lambda m: {**m, "form": 99}, "snapshot form 99 is newer than this waltz-py reads"),
         (lambda m: {**m, "kind": "something"}, "is not a waltz snapshot manifest"),
-        (lambda m: {k: v for k, v in m.items() if k != "marks"}, "malformed manifest"),
+        (lambda m: {k: v for k, v in m.items() if k != "marks"}, r"field 'marks' is None"),
+        # Damaged or edited by hand: each field of its own type, or the load would go wrong.
+        (lambda m: {**m, "cluster_name": None}, r"field 'cluster_name' is None, expected a string"),
+        (lambda m: {**m, "cluster_name": ""}, r"field 'cluster_name' is empty"),
+        (lambda m: {**m, "marks": {"0": 10.9}}, r"field 'marks' is \{'0': 10\.9\}"),
+        (lambda m: {**m, "marks": {"0": True}}, r"field 'marks' is \{'0': True\}"),
+        (lambda m: {**m, "marks": {"x": 3}}, r"field 'marks' is \{'x': 3\}"),
+        (lambda m: {**m, "tables": {}}, r"field 'tables' is \{\}, expected a list"),
+        (lambda m: {**m, "written_at": 5}, r"field 'written_at' is 5, expected a string"),
+        (
+            lambda m: {**m, "tables": [{**m["tables"][0], "rows": "2"}]},
+            r"field 'rows' is '2', expected an integer",
+        ),
+        (lambda m: {**m, "tables": [{**m["tables"][0], "rows": -1}]}, r"rows -1 or sha256 .* malformed"),
+        (
+            lambda m: {**m, "tables": [{**m["tables"][0], "sha256": "abc"}]},
+            r"rows .* or sha256 'abc' malformed",
+        ),
+        (
+            lambda m: {**m, "tables": [{**m["tables"][0], "file": "../other/x.parquet"}]},
+            r"file '\.\./other/x\.parquet' is not a file name of the snapshot",
+        ),
+        (
+            lambda m: {**m, "tables": [{**m["tables"][0], "columns": [["a"]]}]},
+            r"expected \[name, type\] pairs",
+        ),
+        (lambda m: {**m, "idempotency_keys": None}, r"a table entry is None, expected an object"),
+        (lambda m: {**m, "cluster_key_fingerprint": 7}, r"'cluster_key_fingerprint' is 7, expected a string"),
     ],
 )
 def test_a_wrong_manifest_is_refused(damaged: Path, change: Any, message: str) -> None:
@@ -546,6 +574,21 @@ def test_a_wrong_manifest_is_refused(damaged: Path, change: Any, message: str) -
     manifest_path.write_text(json.dumps(change(json.loads(manifest_path.read_text()))))
     with pytest.raises(SnapshotError, match=message):
         read_manifest(str(damaged))
+
+
+def test_a_file_whose_sha256_matches_but_is_not_parquet_is_refused_naming_it(damaged: Path) -> None:
+    """The manifest edited to match a file that is no Parquet file: verify names it, no traceback."""
+    manifest_path = damaged / MANIFEST_NAME
+    manifest = json.loads(manifest_path.read_text())
+    entry = manifest["tables"][0]
+    garbage = b"not parquet at all"
+    (damaged / entry["file"]).write_bytes(garbage)
+    entry["sha256"] = hashlib.sha256(garbage).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(
+        SnapshotError, match=rf"{re.escape(entry['file'])} \({entry['table']}\): not a Parquet file"
+    ):
+        verify_snapshot(str(damaged))
 
 
 def test_no_manifest_is_no_snapshot(damaged: Path, tmp_path: Path) -> None:

@@ -37,12 +37,14 @@ __all__ = [
     "check_form",
     "create_private_dir",
     "file_sha256",
+    "int_field",
     "make_durable",
     "make_private",
     "move_durably",
     "normal_location",
     "open_location",
     "read_file",
+    "str_field",
     "write_json_atomically",
 ]
 
@@ -199,6 +201,31 @@ def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapp
     make_private(filesystem, temporary)
     make_durable(filesystem, temporary)
     move_durably(filesystem, temporary, path)
+
+
+def int_field(raw: Mapping[str, Any], key: str, where: str, error: type[WaltzError]) -> int:
+    """``raw[key]`` when it is an integer (a JSON number without a fraction; not ``true``, not
+    ``1.0``).
+
+    Raises:
+        error: the field is missing or not an integer (the file, the field and the value named).
+    """
+    value = raw.get(key)
+    if type(value) is not int:
+        raise error(f"{where}: field {key!r} is {value!r}, expected an integer")
+    return value
+
+
+def str_field(raw: Mapping[str, Any], key: str, where: str, error: type[WaltzError]) -> str:
+    """``raw[key]`` when it is a string.
+
+    Raises:
+        error: the field is missing or not a string (the file, the field and the value named).
+    """
+    value = raw.get(key)
+    if not isinstance(value, str):
+        raise error(f"{where}: field {key!r} is {value!r}, expected a string")
+    return value
 
 
 def check_form(

@@ -22,7 +22,7 @@ from waltz.archive.layout import (
     chunk_name,
     partition_directory,
 )
-from waltz.archive.location import check_form
+from waltz.archive.location import check_form, int_field, str_field
 from waltz.protocol.cluster_key import cluster_key_fingerprint
 
 __all__ = [
@@ -61,17 +61,11 @@ def _check_form(raw: Any, kind: str, where: str) -> dict[str, Any]:
 
 
 def _int(raw: Mapping[str, Any], key: str, where: str) -> int:
-    value = raw.get(key)
-    if type(value) is not int:
-        raise ArchiveFormError(f"{where}: field {key!r} is {value!r}, expected an integer")
-    return value
+    return int_field(raw, key, where, ArchiveFormError)
 
 
 def _str(raw: Mapping[str, Any], key: str, where: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str):
-        raise ArchiveFormError(f"{where}: field {key!r} is {value!r}, expected a string")
-    return value
+    return str_field(raw, key, where, ArchiveFormError)
 
 
 def _strings(raw: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:

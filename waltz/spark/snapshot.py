@@ -23,6 +23,7 @@ import itertools
 import json
 import logging
 import posixpath
+import re
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +39,10 @@ from waltz.archive.location import (
     check_form,
     create_private_dir,
     file_sha256,
+    int_field,
     make_durable,
     make_private,
+    str_field,
     write_json_atomically,
 )
 from waltz.archive.location import open_location as open_any_location
@@ -136,16 +139,29 @@ class SnapshotFile:
 
     @staticmethod
     def from_json(raw: Any, where: str) -> SnapshotFile:
-        try:
-            return SnapshotFile(
-                str(raw["table"]),
-                str(raw["file"]),
-                int(raw["rows"]),
-                str(raw["sha256"]),
-                tuple((str(n), str(t)) for n, t in raw.get("columns", ())),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SnapshotError(f"{where}: a table entry is malformed ({exc!r}): {raw!r}") from exc
+        """Parse a table entry of a manifest, every field of its own type.
+
+        Raises:
+            SnapshotError: a field missing or of another type, a row count below 0, a SHA-256 that
+                is not 64 hex digits, or a file that is not a plain name in the snapshot's own
+                directory (``../x.parquet``, ``a/b``): named.
+        """
+        if not isinstance(raw, Mapping):
+            raise SnapshotError(f"{where}: a table entry is {raw!r}, expected an object")
+        table = str_field(raw, "table", where, SnapshotError)
+        file = str_field(raw, "file", where, SnapshotError)
+        if file in ("", ".", "..") or "/" in file or "\\" in file:
+            raise SnapshotError(f"{where}: table {table!r}: file {file!r} is not a file name of the snapshot")
+        rows = int_field(raw, "rows", where, SnapshotError)
+        sha256 = str_field(raw, "sha256", where, SnapshotError)
+        if rows < 0 or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+            raise SnapshotError(f"{where}: table {table!r}: rows {rows!r} or sha256 {sha256!r} malformed")
+        columns = raw.get("columns", [])
+        if not isinstance(columns, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(isinstance(part, str) for part in c) for c in columns
+        ):
+            raise SnapshotError(f"{where}: table {table!r}: columns {columns!r}, expected [name, type] pairs")
+        return SnapshotFile(table, file, rows, sha256, tuple((n, t) for n, t in columns))
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,20 +221,37 @@ class SnapshotManifest:
             raw, kind=SNAPSHOT_KIND, newest=SNAPSHOT_FORM, noun="snapshot", where=where, error=SnapshotError
         )
         form = raw["form"]
-        try:
-            return SnapshotManifest(
-                cluster_name=str(raw["cluster_name"]),
-                marks={int(p): int(m) for p, m in raw["marks"].items()},
-                entities={str(n): dict(e) for n, e in raw.get("entities", {}).items()},
-                tables=[SnapshotFile.from_json(t, where) for t in raw["tables"]],
-                idempotency_keys=SnapshotFile.from_json(raw["idempotency_keys"], where),
-                written_at=str(raw["written_at"]),
-                dialect=str(raw.get("dialect", "")),
-                cluster_key_fingerprint=raw.get("cluster_key_fingerprint"),
-                form=form,
+        cluster_name = str_field(raw, "cluster_name", where, SnapshotError)
+        if not cluster_name:
+            raise SnapshotError(f"{where}: field 'cluster_name' is empty")
+        marks, entities, tables = raw.get("marks"), raw.get("entities", {}), raw.get("tables")
+        if not isinstance(marks, Mapping) or not all(
+            re.fullmatch(r"0|[1-9][0-9]*", p) and type(m) is int and m >= -1 for p, m in marks.items()
+        ):
+            raise SnapshotError(f"{where}: field 'marks' is {marks!r}, expected {{partition: mark >= -1}}")
+        if not isinstance(entities, Mapping) or not all(isinstance(e, Mapping) for e in entities.values()):
+            raise SnapshotError(f"{where}: field 'entities' is {entities!r}, expected an object of objects")
+        if not isinstance(tables, list):
+            raise SnapshotError(f"{where}: field 'tables' is {tables!r}, expected a list")
+        fingerprint = raw.get("cluster_key_fingerprint")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            raise SnapshotError(
+                f"{where}: field 'cluster_key_fingerprint' is {fingerprint!r}, expected a string"
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SnapshotError(f"{where}: malformed manifest ({exc!r})") from exc
+        dialect = raw.get("dialect", "")
+        if not isinstance(dialect, str):
+            raise SnapshotError(f"{where}: field 'dialect' is {dialect!r}, expected a string")
+        return SnapshotManifest(
+            cluster_name=cluster_name,
+            marks={int(p): m for p, m in marks.items()},
+            entities={str(n): dict(e) for n, e in entities.items()},
+            tables=[SnapshotFile.from_json(t, where) for t in tables],
+            idempotency_keys=SnapshotFile.from_json(raw.get("idempotency_keys"), where),
+            written_at=str_field(raw, "written_at", where, SnapshotError),
+            dialect=dialect,
+            cluster_key_fingerprint=fingerprint,
+            form=form,
+        )
 
     def table(self, name: str) -> SnapshotFile | None:
         """The entry of a table, or None."""
@@ -772,8 +805,9 @@ def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> 
     """Check every file of a snapshot against its manifest: present, same SHA-256, same rows.
 
     Raises:
-        SnapshotError: a file missing, changed, or with another row count (named).
+        SnapshotError: a file missing, changed, not Parquet, or with another row count (named).
     """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     manifest = manifest or read_manifest(location)
@@ -789,8 +823,12 @@ def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> 
                 f"{location}/{entry.file} ({entry.table}): its SHA-256 is {digest}, the manifest says "
                 f"{entry.sha256}; the file was changed or damaged"
             )
-        with filesystem.open_input_file(path) as stream:
-            rows = pq.ParquetFile(stream).metadata.num_rows
+        try:
+            with filesystem.open_input_file(path) as stream:
+                rows = pq.ParquetFile(stream).metadata.num_rows
+        except (pa.ArrowException, OSError) as exc:  # its SHA-256 as recorded, yet no Parquet file
+            where = f"{location}/{entry.file} ({entry.table})"
+            raise SnapshotError(f"{where}: not a Parquet file ({exc})") from exc
         if rows != entry.rows:
             raise SnapshotError(
                 f"{location}/{entry.file} ({entry.table}): {rows} rows, the manifest says {entry.rows}"
