@@ -28,8 +28,9 @@ from typing import Any
 _FENCE = re.compile(r"^( *)(`{3,}|~{3,})[^\n]*\n.*?^\1\2[ \t]*$", re.M | re.S)
 #: An inline code span: a link that starts inside one is kept as it is.
 _CODE_SPAN = re.compile(r"(`+)[^`\n]*?\1")
-#: An inline link or image: ``[label](target)`` or ``[label](target "title")``.
-_LINK = re.compile(r"(!?)\[([^\]\n]*)\]\(\s*<?([^)\s>]+)>?(\s+\"[^\"]*\")?\s*\)")
+#: An inline link or image: ``[label](target)`` or ``[label](target "title")``; the label may wrap
+#: onto the next lines, never across a blank line.
+_LINK = re.compile(r"(!?)\[((?:[^\]\n]|\n(?!\s*\n))*)\]\(\s*<?([^)\s>]+)>?(\s+\"[^\"]*\")?\s*\)")
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

@@ -44,6 +44,14 @@ def test_links_to_repository_files_become_their_path() -> None:
     assert rewrite("[script](../benchmarks/sql_apply.py)", src_path="benchmarks.md") == (
         "script (`benchmarks/sql_apply.py`)"
     )
+    # A label that wraps onto the next line, as a paragraph's text does.
+    assert (
+        rewrite("the [raw\nresults](../../benchmarks/RESULTS.md)")
+        == "the raw\nresults (`benchmarks/RESULTS.md`)"
+    )
+    # Never across a blank line: two paragraphs, no link in the first.
+    two = "[not a label\n\nof it](../../benchmarks/RESULTS.md)"
+    assert rewrite(two) == two
 
 
 def test_repo_url_makes_them_links() -> None:
