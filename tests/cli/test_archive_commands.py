@@ -160,6 +160,10 @@ def test_status_before_any_run_and_bad_options(cluster: LocalCluster, zk: Cluste
     for hold in ([], ["--hold"]):  # a wrong location is not a damaged archive, and nothing is held
         wrong = waltz(cluster, "verify", "--archive", str(tmp_path / "empty"), *hold, expect=2)
         assert f"{tmp_path / 'empty'} is not an archive: it holds no archive.json" in wrong.output
+    for where in (tmp_path / "empty", tmp_path / "nowhere"):  # status too: not "nothing archived"
+        wrong = waltz(cluster, "status", "--archive", str(where), expect=2)
+        assert f"{where} is not an archive: it holds no archive.json" in wrong.output
+        assert "nothing archived" not in wrong.output
     assert "partitions [7] do not exist" in waltz(cluster, "status", "--partition", "7", expect=2).output
     bad = waltz(cluster, "run", "--to", str(tmp_path), "--chunk-transactions", "0", expect=2)
     assert "--chunk-transactions" in bad.output

@@ -55,6 +55,7 @@ from waltz.spark.snapshot import (
     SnapshotError,
     SnapshotFile,
     SnapshotSeed,
+    SnapshotUnreadableError,
     load_snapshot,
     read_manifest,
     replays_every_row,
@@ -612,6 +613,21 @@ def test_no_manifest_is_no_snapshot(damaged: Path, tmp_path: Path) -> None:
         (damaged / MANIFEST_NAME).write_text(content)
         with pytest.raises(SnapshotError, match="is not JSON"):
             read_manifest(str(damaged))
+
+
+def test_verify_tells_no_snapshot_there_from_a_damaged_one(damaged: Path, tmp_path: Path) -> None:
+    """Exit 2 for a location that holds no snapshot (a wrong path), 1 for a damaged manifest."""
+    runner = CliRunner()
+    for nowhere in (tmp_path / "nowhere", tmp_path):
+        result = runner.invoke(waltz_app, ["snapshot", "verify", str(nowhere)])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ") and "Traceback" not in result.output
+    with pytest.raises(SnapshotUnreadableError, match="no such location"):
+        read_manifest(str(tmp_path / "nowhere"))
+    (damaged / MANIFEST_NAME).write_text("{not json")
+    result = runner.invoke(waltz_app, ["snapshot", "verify", str(damaged)])
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith("FAILED: ") and "is not JSON" in result.output
 
 
 def test_a_snapshot_ahead_of_the_marks_asked_is_refused(spark: Any, history: History, tmp_path: Path) -> None:

@@ -326,6 +326,21 @@ def _looks_like_an_archive(files: ArchiveFiles, num_partitions: int) -> bool:
         return True  # the location cannot be looked at: verify says why, file by file
 
 
+def _require_an_archive(files: ArchiveFiles, archive: str | None, num_partitions: int) -> None:
+    """Refuse (exit 2) a location given with --archive that holds nothing of an archive.
+
+    Raises:
+        typer.Exit: 2, after saying so (``fail``).
+    """
+    if archive is not None and not _looks_like_an_archive(files, num_partitions):
+        raise fail(
+            f"{archive} is not an archive: it holds no archive.json and no partition directory "
+            "(an empty or wrong location); give the archive's location (waltz archive status shows "
+            "the one the cluster names)",
+            2,
+        )
+
+
 def _archive_files(admin: ClusterAdmin, archive: str | None) -> ArchiveFiles | None:
     """The archive given, else the one ZooKeeper names (None: neither)."""
     from waltz.archive.layout import ArchiveFiles
@@ -377,6 +392,8 @@ def status(
     quiet_logging()
     with connected_admin(config, zookeeper, root, timeout) as admin:
         files = _archive_files(admin, archive)
+        if files is not None:
+            _require_an_archive(files, archive, admin.cluster.params().num_partitions)
         partitions = _partitions(admin, partition)
         report = archive_status(
             admin.cluster, files, partitions, timeout=admin.storage_timeout, tls=admin.tls
@@ -472,13 +489,7 @@ def verify(
             )
         summary = admin.cluster.archive_summary()
         params = admin.cluster.params()
-        if archive is not None and not _looks_like_an_archive(files, params.num_partitions):
-            raise fail(
-                f"{archive} is not an archive: it holds no archive.json and no partition directory "
-                "(an empty or wrong location); give the archive's location (waltz archive status shows "
-                "the one the cluster names)",
-                2,
-            )
+        _require_an_archive(files, archive, params.num_partitions)
         try:
             report = verify_archive(
                 files,

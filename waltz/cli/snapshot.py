@@ -1,9 +1,10 @@
 """``waltz snapshot``: write, show, verify and load an application's snapshot.
 
 The logic lives in :mod:`waltz.spark.snapshot` (docs/design/spark.md "Snapshots"); this module
-parses options and prints. Exit codes: 0 done; 1 a snapshot that does not verify (``verify``);
-2 bad options, a missing driver or pyarrow, an unreachable database, or a snapshot that cannot be
-read or loaded.
+parses options and prints. Exit codes: 0 done; 1 a snapshot that does not verify (``verify``: a
+damaged manifest or file); 2 bad options, a missing driver or pyarrow, an unreachable database, a
+location that holds no snapshot (none there, no manifest, or one that cannot be opened), or a
+snapshot that cannot be read or loaded (``show``, ``load``).
 """
 
 from __future__ import annotations
@@ -134,11 +135,14 @@ def verify(
 ) -> None:
     """Check every file of a snapshot against its manifest (SHA-256 and row count); exit 1 if one differs.
 
+    Exit 2 when the location holds no snapshot (none there, no manifest, or one that cannot be
+    opened); a damaged manifest exits 1, as a damaged file does.
+
     With --app, also check that the application's current release loads it, as `waltz snapshot
     load` checks it (without a database: values are not held to its types or constraints),
     before a restore needs it: exit 1 naming the table, file or row the load would refuse.
     """
-    from waltz.spark.snapshot import SnapshotError, check_snapshot, verify_snapshot
+    from waltz.spark.snapshot import SnapshotError, SnapshotUnreadableError, check_snapshot, verify_snapshot
 
     views = None
     try:
@@ -149,6 +153,8 @@ def verify(
             views = load_app(app_module)
         manifest = verify_snapshot(location)
         lines = check_snapshot(location, views, manifest) if views is not None else []
+    except SnapshotUnreadableError as exc:  # no snapshot there to verify: a wrong path, most likely
+        raise _fail(exc) from exc
     except SnapshotError as exc:
         typer.echo(f"FAILED: {exc}", err=True)
         raise typer.Exit(1) from exc

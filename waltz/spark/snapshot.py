@@ -67,6 +67,7 @@ __all__ = [
     "SnapshotFile",
     "SnapshotManifest",
     "SnapshotSeed",
+    "SnapshotUnreadableError",
     "check_snapshot",
     "check_stored_rows",
     "describe_stored",
@@ -108,6 +109,12 @@ Progress = Callable[[str], None]
 
 class SnapshotError(WaltzError):
     """A snapshot that cannot be written, read or trusted: names the file and what is wrong."""
+
+
+class SnapshotUnreadableError(SnapshotError):
+    """No snapshot can be read at a location: it does not exist, holds no manifest (a snapshot
+    still being written has none yet), or its manifest cannot be opened; as against a snapshot
+    that is there and damaged (a plain :class:`SnapshotError`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,7 +732,8 @@ def read_manifest(location: str) -> SnapshotManifest:
     """The manifest of a snapshot.
 
     Raises:
-        SnapshotError: no manifest, not JSON, or not a snapshot manifest this code reads.
+        SnapshotUnreadableError: no such location, no manifest there, or one that cannot be opened.
+        SnapshotError: a manifest that is not JSON, or not a snapshot manifest this code reads.
     """
     filesystem, root = open_location(location)
     path = posixpath.join(root, MANIFEST_NAME)
@@ -733,7 +741,7 @@ def read_manifest(location: str) -> SnapshotManifest:
         with filesystem.open_input_stream(path) as stream:
             data = stream.read()
     except (FileNotFoundError, OSError) as exc:
-        raise SnapshotError(f"{location}: {_no_manifest(filesystem, root, exc)}") from exc
+        raise SnapshotUnreadableError(f"{location}: {_no_manifest(filesystem, root, exc)}") from exc
     try:
         raw = json.loads(data)
     except (ValueError, RecursionError) as exc:  # not JSON, nested too deep, too many digits
