@@ -316,9 +316,19 @@ def dump(
             inspect.require_storage_directory(storage_dir)
         files = None if archive is None else ArchiveFiles.open(archive)
         held = inspect.partition_range(storage_dir, partition, files)
+        if storage_dir is not None and files is None and not (storage_dir / str(partition)).is_dir():
+            held_here = sorted(int(p.name) for p in storage_dir.iterdir() if p.is_dir() and p.name.isdigit())
+            raise inspect.DumpRangeError(
+                f"partition {partition}: {storage_dir} holds no such partition (it holds "
+                f"{', '.join(map(str, held_here)) or 'none'})"
+            )
+        if from_txn is not None and to_txn is not None and to_txn < from_txn:
+            raise inspect.DumpRangeError(f"--from-txn {from_txn} is after --to-txn {to_txn}: an empty range")
         first = from_txn
         if first is None:
             first = held.archive_start if held.archive_start is not None else (held.local_start or 0)
+            if to_txn is not None and to_txn < first:
+                first = 0  # a range below where the records start: said so below, or read from the archive
         last = to_txn
         if last is None:
             last = held.last_on_disk if storage_dir is not None else held.archived_through

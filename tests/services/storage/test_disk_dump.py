@@ -99,6 +99,27 @@ def test_a_dump_below_the_local_start_without_the_archive_names_the_range(retain
     assert "--archive" in result.output
 
 
+def test_ranges_that_cannot_be_listed_are_errors_not_empty_listings(retained: Retained) -> None:
+    """Below the local start with the default start, an empty range, a partition the directory
+    does not hold: each an error naming it (exit 2), never "(0 records listed)" and exit 0."""
+    storage = str(retained.storage_dir)
+    start = retained.local_start
+    for arguments, words in (
+        (["--to-txn", "5"], f"transactions 0..5 are not in {storage} (its local start is {start}"),
+        (["--from-txn", "40", "--to-txn", "5"], "--from-txn 40 is after --to-txn 5: an empty range"),
+        (["-p", "7"], f"partition 7: {storage} holds no such partition (it holds 0"),
+    ):
+        result = runner.invoke(app, ["disk", "dump", storage, *arguments])
+        assert result.exit_code == 2, result.output
+        assert words in result.output and "records listed" not in result.output, result.output
+    # With the archive, a range below where the listing would start is read there.
+    result = runner.invoke(
+        app, ["disk", "dump", storage, "--archive", str(retained.archive), "--to-txn", "2"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "(3 records listed)" in result.output
+
+
 def test_a_damaged_chunk_fails_the_dump_naming_the_file_and_range(retained: Retained) -> None:
     chunk = retained.archive / partition_directory(0) / "00000000000000000000-00000000000000000014.parquet"
     chunk.write_bytes(chunk.read_bytes()[:-10])
