@@ -158,6 +158,21 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
         async with StorageSessionClient(address, key, partitions, fence + 1, tls=tls) as storage:
             await storage.truncate(0, -1)
 
+    async def reset_start(address: str) -> None:
+        # A reset start erases the replica's log and starts it far ahead, at the fence: what a
+        # server's catch-up does across an archived gap, here with nothing archived.
+        fence = 0
+        async with StorageSessionClient(address, key, partitions, 0, tls=tls) as probe:
+            try:
+                await probe.max_transaction_id(0)
+            except StorageRpcError as error:
+                found = re.search(r"fenced by session (\d+)", error.remote_message)
+                if error.code != "SESSION_FENCED" or found is None:
+                    raise
+                fence = int(found.group(1))
+        async with StorageSessionClient(address, key, partitions, fence, tls=tls) as storage:
+            await storage.reset_start(0, 1_000_000)
+
     async def admin_append(endpoint: str) -> None:
         async with ServerAdminClient(endpoint, tls=tls, timeout=ATTEMPT_TIMEOUT) as admin:
             [outcome] = await admin.append(0, [(ReqId(99, 0, 0, 1), 0, b"forged")])
@@ -180,6 +195,9 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
             report.grpc(
                 "store floor-truncate", address, channel, functools.partial(truncate_above_the_fence, address)
             )
+        )
+        attempts.append(
+            report.grpc("store reset-start", address, channel, functools.partial(reset_start, address))
         )
     for endpoint in plan["servers"]:
         attempts.append(

@@ -346,6 +346,7 @@ def test_an_application_host_with_the_client_certificate_destroys_nothing(
     assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", admin_role)
     assert_refused(lines, "store truncate", "PERMISSION_DENIED", "store session")
     assert_refused(lines, "store floor-truncate", "PERMISSION_DENIED", "store session")
+    assert_refused(lines, "store reset-start", "PERMISSION_DENIED", "store session")
     assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
     assert_refused(lines, "console ", "HTTP 403", "urn:waltz:role:")
     assert_refused(lines, "zookeeper ", "NoAuth")
@@ -371,6 +372,7 @@ def test_the_cluster_key_without_a_certificate_destroys_nothing(secured: Secured
         "claim empty-node",
         "store truncate",
         "store floor-truncate",
+        "store reset-start",
         "server admin-append",
     ):
         assert_refused(lines, attempt, "UNAVAILABLE", channel="plaintext")
@@ -423,6 +425,9 @@ def test_a_server_certificate_with_the_cluster_key_erases_no_committed_transacti
     assert_refused(lines, "claim empty-node", "PERMISSION_DENIED", "urn:waltz:role:admin")
     assert_refused(lines, "store truncate", "StorageRpcError:SESSION_JUMP_TOO_LARGE", "storage.fence.maxJump")
     assert_refused(lines, "store floor-truncate", "StorageRpcError:INVALID_REQUEST", "the floor is")
+    assert_refused(
+        lines, "store reset-start", "StorageRpcError:INVALID_REQUEST", "knows the archive holds the partition"
+    )
     assert_refused(lines, "server admin-append", "PERMISSION_DENIED", "urn:waltz:role:admin")
     assert_refused(lines, "zookeeper ", "NoAuth")
     assert_intact(secured)

@@ -131,11 +131,25 @@ def test_reset_start_is_fenced_like_a_write_and_durable(
         async with session(node, cluster_key, 2) as stale:
             with pytest.raises(StorageRpcError, match="SESSION_FENCED"):
                 await stale.reset_start(0, 50)
+        # A store session may not erase what the archive is not known to hold: refused before
+        # its fence moves, whoever asks (the server role may not truncate committed records either).
+        async with session(node, cluster_key, 4) as s:
+            with pytest.raises(
+                StorageRpcError, match="knows the archive holds the partition through -1"
+            ) as info:
+                await s.reset_start(0, 50)
+            assert info.value.code == "INVALID_REQUEST"
+        status = await status_of(node, cluster_key)
+        assert (status.session_id, status.local_start, status.max_transaction_id) == (3, 0, 9)
+        async with admin(node, cluster_key) as client:  # as the archiver tells every replica
+            await client.set_archived_through(0, 49, archive="file:///archive", operator="archiver")
         async with session(node, cluster_key, 4) as s:
             for too_low in (10, 5):
                 with pytest.raises(StorageRpcError) as info:
                     await s.reset_start(0, too_low)
                 assert info.value.code == "INVALID_REQUEST"
+            with pytest.raises(StorageRpcError, match="through 49 only"):
+                await s.reset_start(0, 51)
             await s.reset_start(0, 50)  # takes the partition: the fence is 4 now
             assert await s.max_transaction_id(0) == 49
         status = await status_of(node, cluster_key)

@@ -149,13 +149,26 @@ def test_reset_start_discards_the_log_and_starts_it_after_the_gap(disk: Disk) ->
     for refused in (40, 39, 0):  # not above max + 1: the replica can copy from there
         with pytest.raises(ProtocolError, match="above the max transaction ID"):
             partition.reset_start(refused)
+    # The transactions below the new start must be in the archive, as the archiver told the node.
+    before = (partition.local_start, partition.max_transaction_id)
+    with pytest.raises(ProtocolError, match="knows the archive holds the partition through -1 only"):
+        partition.reset_start(100)
+    partition.set_archived_through(98, archive="file:///a", operator="archiver")
+    with pytest.raises(ProtocolError, match="through 98 only"):
+        partition.reset_start(100)
+    assert (partition.local_start, partition.max_transaction_id) == before  # nothing changed
+    partition.set_archived_through(99, archive="file:///a", operator="archiver")
     partition.writable = False
     with pytest.raises(PartitionUnavailableError):
         partition.reset_start(100)
     partition.writable = True
     partition.reset_start(100)
     assert (partition.local_start, partition.max_transaction_id) == (100, 99)
-    assert disk.files() == [fmt.segment_file_name(100, ".idx"), fmt.segment_file_name(100, ".seg")]
+    assert disk.files() == [
+        fmt.segment_file_name(100, ".idx"),
+        fmt.segment_file_name(100, ".seg"),
+        RETENTION_FILE,  # what the archiver told the node stays
+    ]
     with pytest.raises(RecordsArchivedError, match="local start 100"):
         partition.read_records(39, 1)
     partition.append(records(100, 10))

@@ -413,6 +413,8 @@ class StorageServicer(storage_pb2_grpc.StorageServiceServicer):
                 partition.check_truncation(request.truncate.transaction_id)
             elif kind == "set_low_water_mark":
                 partition.check_low_water_mark(request.session_id, request.set_low_water_mark.low_water_mark)
+            elif kind == "reset_start":
+                partition.check_reset_start(request.reset_start.first_transaction_id)
         partition.check_session(request.session_id, opens=kind in _OPENS_SESSION)
         if kind == "open_session":
             return _response(request, success=storage_pb2.SuccessResponse())

@@ -555,6 +555,35 @@ class StoragePartition:
             fsync_directory(self.directory)
         self._segments[-1].truncate_after(transaction_id)
 
+    def check_reset_start(self, first_transaction_id: int) -> None:
+        """Refuse what :meth:`reset_start` refuses; changes nothing.
+
+        A reset start discards every record the replica holds and leaves out the transactions up
+        to ``first_transaction_id - 1``: those must be in the archive, as the archiver told this
+        node (``set archived through``, an admin request), whoever asks. A store session (the
+        ``server`` role) may not erase committed transactions the archive is not known to hold,
+        as it may not truncate below the committed floor (docs/design/archive.md, "Reads below
+        the local start"). A replica that has not been told yet is refused until the archiver's
+        next round tells it; the server's catch-up tries again.
+
+        Raises:
+            ProtocolError: not above ``max_transaction_id + 1``, or above ``archived_through + 1``.
+        """
+        if first_transaction_id <= self.max_transaction_id + 1:
+            raise ProtocolError(
+                f"partition {self.partition_id}: cannot start the log at transaction "
+                f"{first_transaction_id}: a reset start must be above the max transaction ID + 1 "
+                f"({self.max_transaction_id + 1}); the replica can copy from there"
+            )
+        if first_transaction_id - 1 > self._archived_through:
+            raise ProtocolError(
+                f"partition {self.partition_id}: refused to start the log at transaction "
+                f"{first_transaction_id}: the transactions below it would be on no replica of this "
+                f"node, and this node knows the archive holds the partition through "
+                f"{self._archived_through} only; nothing was changed (the archiver tells it what "
+                "the archive holds: waltz archive run)"
+            )
+
     def reset_start(self, first_transaction_id: int) -> None:
         """Discard every record and start the log at ``first_transaction_id`` (docs/design/archive.md,
         "Reads below the local start": a replica that cannot copy a gap starts after it).
@@ -567,18 +596,15 @@ class StoragePartition:
         ``first_transaction_id - 1``.
 
         Raises:
-            ProtocolError: ``first_transaction_id`` is not above ``max_transaction_id + 1``.
+            ProtocolError: ``first_transaction_id`` is not above ``max_transaction_id + 1``, or this
+                node has not been told that the archive holds every transaction below it
+                (:meth:`check_reset_start`).
             PartitionUnavailableError: writes are switched off.
             OSError, DiskFullError: a file could not be removed or created (start-up opens what
                 is left).
         """
         self._require_writable()
-        if first_transaction_id <= self.max_transaction_id + 1:
-            raise ProtocolError(
-                f"partition {self.partition_id}: cannot start the log at transaction "
-                f"{first_transaction_id}: a reset start must be above the max transaction ID + 1 "
-                f"({self.max_transaction_id + 1}); the replica can copy from there"
-            )
+        self.check_reset_start(first_transaction_id)
         old = list(self._segments)
         while self._segments:
             self._segments.pop().delete()

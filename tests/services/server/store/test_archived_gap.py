@@ -76,6 +76,9 @@ def test_a_copy_across_a_gap_starts_the_target_at_the_sources_local_start(
     partitions = store_cluster.params.num_partitions
 
     async def scenario() -> None:
+        for node in (source, target):  # as the archiver tells every replica: 0..99 are archived
+            async with StorageAdminClient(node.admin_address, key, partitions) as client:
+                await client.set_archived_through(0, 99, archive="file:///archive", operator="test")
         async with StorageSessionClient(source.address, key, partitions, 1) as s:
             await s.reset_start(0, 100)
             await s.append(0, records(100, 50))
@@ -209,6 +212,17 @@ def test_a_returning_replica_is_reset_across_the_archived_gap_and_caught_up(
 
         run(archive_and_wait())
         cluster.restart_storage(2)
+        # Down at the archiver's round, the returning node was not told what the archive holds:
+        # it refuses to erase its log until it is, and the catch-up tries again.
+        server_log = cluster.servers[0].process.log_path
+        assert server_log is not None
+
+        async def refused() -> bool:
+            return "knows the archive holds the partition through -1 only" in server_log.read_text()
+
+        run(wait_for("the returning replica to refuse a reset it cannot vouch for", 60, refused))
+        assert run(status(nodes[2].admin_address, key, PARTITIONS)).local_start == 0
+        run(archive_through(nodes[2].admin_address, key, PARTITIONS, archived))  # the archiver's next round
 
         async def caught_up() -> bool:
             try:
@@ -242,6 +256,4 @@ def test_a_returning_replica_is_reset_across_the_archived_gap_and_caught_up(
     run(check_replicas())
     log_path = nodes[2].process.log_path
     assert log_path is not None and "log reset to start at transaction" in log_path.read_text()
-    server_log = cluster.servers[0].process.log_path
-    assert server_log is not None
     assert f"the replica on {nodes[2].address}, at transaction" in server_log.read_text()
