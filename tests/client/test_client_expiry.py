@@ -63,7 +63,14 @@ def test_a_context_expires_at_its_timeout_while_its_partition_cannot_be_mounted(
             assert context.expirations == 1 and context.outcomes.completions == []
             assert not client.has_pending_transactions()
             cluster.restart_server(0)
-            after = client.submit(Append(0, b"after")).result(TIMEOUT).transaction_id
+            try:
+                after = client.submit(Append(0, b"after")).result(TIMEOUT).transaction_id
+            except TimeoutError:  # say where it stood: the server's log and the client's partition
+                restarted = log_path.read_text()[-4000:]
+                raise AssertionError(
+                    f"no commit within {TIMEOUT}s of the server's restart; the client's partition is "
+                    f"{client.partition_states()[0]}; the server's log ends:\n{restarted}"
+                ) from None
             assert after == first + 1, "the expired context's append was committed after all"
             assert client.wait_applied(0, after, TIMEOUT)
             assert [a.data for a in store.applied[0]] == [b"first", b"after"]
