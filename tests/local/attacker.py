@@ -143,10 +143,9 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
             await storage.open_session(0)
             await storage.truncate(0, -1)
 
-    async def truncate_above_the_fence(address: str) -> None:
-        # The session right above the fence, which the node takes: learn the fence from a read
-        # at session 0 (served when it is 0, else fenced, naming it), then truncate everything.
-        fence = 0
+    async def fence_of(address: str) -> int:
+        # Learn partition 0's fence from a read at session 0: served when it is 0, else fenced,
+        # naming it.
         async with StorageSessionClient(address, key, partitions, 0, tls=tls) as probe:
             try:
                 await probe.max_transaction_id(0)
@@ -154,22 +153,19 @@ async def attack_grpc(plan: dict[str, Any], tls: TlsConfig | None, channel: str,
                 found = re.search(r"fenced by session (\d+)", error.remote_message)
                 if error.code != "SESSION_FENCED" or found is None:
                     raise
-                fence = int(found.group(1))
+                return int(found.group(1))
+        return 0
+
+    async def truncate_above_the_fence(address: str) -> None:
+        # The session right above the fence, which the node takes, truncates everything.
+        fence = await fence_of(address)
         async with StorageSessionClient(address, key, partitions, fence + 1, tls=tls) as storage:
             await storage.truncate(0, -1)
 
     async def reset_start(address: str) -> None:
         # A reset start erases the replica's log and starts it far ahead, at the fence: what a
         # server's catch-up does across an archived gap, here with nothing archived.
-        fence = 0
-        async with StorageSessionClient(address, key, partitions, 0, tls=tls) as probe:
-            try:
-                await probe.max_transaction_id(0)
-            except StorageRpcError as error:
-                found = re.search(r"fenced by session (\d+)", error.remote_message)
-                if error.code != "SESSION_FENCED" or found is None:
-                    raise
-                fence = int(found.group(1))
+        fence = await fence_of(address)
         async with StorageSessionClient(address, key, partitions, fence, tls=tls) as storage:
             await storage.reset_start(0, 1_000_000)
 
