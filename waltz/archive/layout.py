@@ -22,8 +22,7 @@ from waltz.archive.errors import ArchiveFormError, ArchiveUnreadableError
 from waltz.archive.location import (
     arrow_owned,
     create_private_dir,
-    make_durable,
-    make_private,
+    finish_file,
     move_durably,
     open_location,
     read_file,
@@ -132,8 +131,7 @@ class ArchiveFiles:
             # A copy pyarrow owns: an object store's stream may upload it on a thread of its own,
             # after write returned (docs/design/archive.md "The archive's layout and forms").
             stream.write(arrow_owned(data))
-        make_private(self.filesystem, self.path(relative))
-        make_durable(self.filesystem, self.path(relative))
+        finish_file(self.filesystem, self.path(relative))
 
     def move(self, source: str, target: str) -> None:
         """Rename a file of the archive (replacing ``target``); on a local directory the rename

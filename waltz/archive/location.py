@@ -37,9 +37,8 @@ __all__ = [
     "check_form",
     "create_private_dir",
     "file_sha256",
+    "finish_file",
     "int_field",
-    "make_durable",
-    "make_private",
     "move_durably",
     "normal_location",
     "open_location",
@@ -110,26 +109,18 @@ def create_private_dir(filesystem: pafs.FileSystem, path: str) -> None:
         filesystem.create_dir(path, recursive=True)
 
 
-def make_private(filesystem: pafs.FileSystem, path: str) -> None:
-    """Give a file just written ``0600`` on a local filesystem (nothing elsewhere).
+def finish_file(filesystem: pafs.FileSystem, path: str) -> None:
+    """Settle a file just written and closed, on a local filesystem (an NFS mount included):
+    ``0600`` whatever the umask and the directory's mode, and flushed to disk before it is renamed
+    into place or named by a manifest, since the storage nodes delete segments on the strength of
+    the archive's files (docs/design/archive.md "The archiver"). Nothing elsewhere: an object
+    store has no modes, and its upload is durable once it has finished.
 
     Raises:
-        OSError: the mode cannot be changed.
+        OSError: the mode cannot be changed, or the device refused the flush.
     """
     if _is_local(filesystem):
         os.chmod(path, PRIVATE_FILE_MODE)
-
-
-def make_durable(filesystem: pafs.FileSystem, path: str) -> None:
-    """Flush a file just written and closed to disk on a local filesystem (an NFS mount included),
-    before it is renamed into place: the storage nodes delete segments on the strength of the
-    archive's files (docs/design/archive.md "The archiver"). Nothing elsewhere: an object
-    store's upload is durable once it has finished.
-
-    Raises:
-        OSError: the file cannot be opened, or the device refused the flush.
-    """
-    if _is_local(filesystem):
         fsync_file(path)
 
 
@@ -198,8 +189,7 @@ def write_json_atomically(filesystem: pafs.FileSystem, path: str, document: Mapp
     temporary = path + ".tmp"
     with filesystem.open_output_stream(temporary) as stream:
         stream.write(arrow_owned(data))
-    make_private(filesystem, temporary)
-    make_durable(filesystem, temporary)
+    finish_file(filesystem, temporary)
     move_durably(filesystem, temporary, path)
 
 

@@ -316,12 +316,14 @@ def dump(
             inspect.require_storage_directory(storage_dir)
         files = None if archive is None else ArchiveFiles.open(archive)
         held = inspect.partition_range(storage_dir, partition, files)
-        if storage_dir is not None and files is None and not (storage_dir / str(partition)).is_dir():
-            held_here = sorted(int(p.name) for p in storage_dir.iterdir() if p.is_dir() and p.name.isdigit())
-            raise inspect.DumpRangeError(
-                f"partition {partition}: {storage_dir} holds no such partition (it holds "
-                f"{', '.join(map(str, held_here)) or 'none'})"
-            )
+        if storage_dir is not None and files is None:
+            kept: list[Path] = []  # unassigned with their files kept: still theirs to dump
+            held_here = fmt.partition_directories(storage_dir, kept)
+            if partition not in held_here and str(partition) not in {k.name for k in kept}:
+                raise inspect.DumpRangeError(
+                    f"partition {partition}: {storage_dir} holds no such partition (it holds "
+                    f"{', '.join(map(str, sorted(held_here))) or 'none'})"
+                )
         if from_txn is not None and to_txn is not None and to_txn < from_txn:
             raise inspect.DumpRangeError(f"--from-txn {from_txn} is after --to-txn {to_txn}: an empty range")
         first = from_txn

@@ -39,9 +39,8 @@ from waltz.archive.location import (
     check_form,
     create_private_dir,
     file_sha256,
+    finish_file,
     int_field,
-    make_durable,
-    make_private,
     str_field,
     write_json_atomically,
 )
@@ -374,8 +373,7 @@ def _write_table(
                 batch = []
         if batch or count == 0:
             flush()
-    make_private(filesystem, path)  # 0600 whatever the directory's mode (docs/design/storage.md)
-    make_durable(filesystem, path)  # on disk before the manifest names it
+    finish_file(filesystem, path)  # 0600 and on disk before the manifest names it
     return count
 
 
