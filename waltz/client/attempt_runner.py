@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from waltz.client.apply_worker import on_apply_thread
+from waltz.client.arguments import check_client_mark, check_integer
 from waltz.client.busy_threads import BusyThreads
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
@@ -261,6 +262,8 @@ class AttemptRunner:
         """The callbacks' ``get_client_high_water_mark``, read as a new child's floor when below
         it (what an attempt builds at)."""
         mark = self._callbacks.get_client_high_water_mark(partition_id)
+        if type(mark) is not int or mark < -1:
+            mark = check_client_mark(mark, f"the mark get_client_high_water_mark({partition_id}) returned")
         floor = self._floors.get(partition_id)
         return mark if floor is None or mark >= floor else floor
 
@@ -276,10 +279,13 @@ class AttemptRunner:
         (``TransactionContext.routed``).
 
         Raises:
+            TypeError: the context's ``partition_id`` returned something other than an int.
             ValueError: the context chose a partition outside ``0 .. count - 1``.
         """
         count = view.count
         pid = context.partition_id(count)
+        if type(pid) is not int:
+            pid = check_integer(pid, f"{type(context).__name__}.partition_id's result")
         if not 0 <= pid < count:
             raise ValueError(f"{type(context).__name__}.partition_id returned {pid}, outside 0..{count - 1}")
         route = view.route(pid)

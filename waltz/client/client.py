@@ -44,6 +44,7 @@ from typing import Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from waltz.client.arguments import check_seconds
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionContext
@@ -54,6 +55,19 @@ from waltz.client.outcome import Outcome, waited_transaction_id
 from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
+
+
+def _limit(timeout: float, what: str) -> float:
+    """A timeout that must be given: zero or more finite seconds.
+
+    Raises:
+        TypeError: None, or not a number.
+        ValueError: negative, NaN or infinite.
+    """
+    if timeout is None:
+        raise TypeError(f"{what} must be seconds (a number); this call has no unbounded form")
+    return check_seconds(timeout, what) or 0.0
+
 
 T = TypeVar("T")
 
@@ -158,13 +172,15 @@ class WaltzClient:
             "Outcomes"): committed (with the transaction ID), dropped by ``execute`` (with the
             reason it gave) or already applied (with the earlier transaction's ID); true only
             when committed. It raises what ``execute`` raised,
-            :class:`~waltz.errors.TransactionExpiredError`, or :class:`~waltz.errors.ClientClosedError`.
-            It cannot be cancelled.
+            :class:`~waltz.errors.TransactionExpiredError`, :class:`~waltz.errors.MessageTooLargeError`
+            (the data and locks exceed ``client.maxMessageBytes``), or
+            :class:`~waltz.errors.ClientClosedError`. It cannot be cancelled.
 
         Raises:
             ClientClosedError: the client is closed.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
             ValueError: ``partition_id`` returned a partition that does not exist.
+            TypeError: ``partition_id`` returned something other than an int.
             WaltzClientError: called from a completion callback (``on_completion``, a future's
                 done-callback) while the partition is at its limit: only that thread could free a
                 slot, so waiting would never end.
@@ -186,6 +202,7 @@ class WaltzClient:
             ClientClosedError: the client is closed.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
             ValueError: ``partition_id`` returned a partition that does not exist.
+            TypeError: ``partition_id`` returned something other than an int.
         """
         self._core.attempts.submit(context, with_future=False)
 
@@ -194,10 +211,11 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: contexts are still in flight after ``timeout`` seconds.
+            ValueError: ``timeout`` is negative, NaN or infinite.
             ClientClosedError: the client closed meanwhile.
         """
         attempts = self._core.attempts
-        if not attempts.wait_idle(timeout):
+        if not attempts.wait_idle(check_seconds(timeout, "flush timeout")):
             raise WaltzTimeoutError(
                 f"{attempts.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
@@ -211,10 +229,11 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: no answer within ``timeout`` seconds.
+            ValueError: ``timeout`` is negative, NaN or infinite.
             ValueError: no such partition.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        return self._core.get_high_water_mark(partition_id, timeout)
+        return self._core.get_high_water_mark(partition_id, _limit(timeout, "get_high_water_mark timeout"))
 
     def wait_applied(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> bool:
         """Block until this client has applied ``transaction_id`` of a partition it mounts.
@@ -226,11 +245,14 @@ class WaltzClient:
             True when applied, False after ``timeout`` seconds (None: no limit).
 
         Raises:
-            ValueError: no such partition.
+            ValueError: no such partition, or ``timeout`` is negative, NaN or infinite.
             TypeError: ``transaction_id`` is not an ``int`` (None: the outcome did not commit).
             ClientClosedError: the client closed before applying it.
         """
-        return self._core.applied_mark(partition_id).wait(waited_transaction_id(transaction_id), timeout)
+        checked = waited_transaction_id(transaction_id)
+        return self._core.applied_mark(partition_id).wait(
+            checked, check_seconds(timeout, "wait_applied timeout")
+        )
 
     def when_applied(self, partition_id: int, transaction_id: int, callback: Callable[[], None]) -> None:
         """Call ``callback`` once this client has applied ``transaction_id`` (as :meth:`wait_applied`
@@ -239,6 +261,8 @@ class WaltzClient:
 
         The callback must be quick and must not raise (an exception is logged, not propagated);
         there is no timeout or cancel (a callback that is no longer wanted checks that itself).
+        A callback still waiting when the client closes is never called (:meth:`wait_applied`
+        raises ``ClientClosedError`` in that case).
 
         Raises:
             ValueError: no such partition.
@@ -257,9 +281,10 @@ class WaltzClient:
         Raises:
             WaltzTimeoutError: not caught up within ``timeout`` seconds (the message names the
                 partitions behind, with their marks).
+            ValueError: ``timeout`` is negative, NaN or infinite.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        return self._core.wait_ready(timeout)
+        return self._core.wait_ready(_limit(timeout, "ready timeout"))
 
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
@@ -281,9 +306,10 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: not all mounted within ``timeout`` seconds.
+            ValueError: ``timeout`` is negative, NaN or infinite, or a partition does not exist.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        self._core.wait_until_mounted(timeout, partition_ids)
+        self._core.wait_until_mounted(_limit(timeout, "wait_mounted timeout"), partition_ids)
 
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state (unmounted, mounting, mounted, closed)."""
@@ -436,7 +462,7 @@ class AsyncWaltzClient:
     async def flush(self, timeout: float | None = None) -> None:
         """As :meth:`WaltzClient.flush`."""
         attempts = self._core.attempts
-        if not await attempts.wait_idle_async(timeout):
+        if not await attempts.wait_idle_async(check_seconds(timeout, "flush timeout")):
             raise WaltzTimeoutError(
                 f"{attempts.in_flight()} transaction(s) still in flight after {timeout:g}s of flush()"
             )
@@ -456,20 +482,24 @@ class AsyncWaltzClient:
 
     async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """As :meth:`WaltzClient.get_high_water_mark`."""
-        return await self._core.get_high_water_mark_async(partition_id, timeout)
+        return await self._core.get_high_water_mark_async(
+            partition_id, _limit(timeout, "get_high_water_mark timeout")
+        )
 
     async def wait_applied(
         self, partition_id: int, transaction_id: int, timeout: float | None = None
     ) -> bool:
         """As :meth:`WaltzClient.wait_applied`."""
         checked = waited_transaction_id(transaction_id)
-        return await self._core.applied_mark(partition_id).wait_async(checked, timeout)
+        return await self._core.applied_mark(partition_id).wait_async(
+            checked, check_seconds(timeout, "wait_applied timeout")
+        )
 
     async def ready(self, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> dict[int, int]:
         """As :meth:`WaltzClient.ready`: return once every mounted partition has applied the
         log's high-water mark taken at the call (the loop does not wait; cancelling the await ends
         the wait)."""
-        return await self._core.wait_ready_async(timeout)
+        return await self._core.wait_ready_async(_limit(timeout, "ready timeout"))
 
     async def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """As :meth:`WaltzClient.set_partitions`."""
@@ -480,7 +510,7 @@ class AsyncWaltzClient:
     ) -> None:
         """As :meth:`WaltzClient.wait_mounted`."""
         ids = None if partition_ids is None else list(partition_ids)
-        await self._core.wait_until_mounted_async(timeout, ids)
+        await self._core.wait_until_mounted_async(_limit(timeout, "wait_mounted timeout"), ids)
 
     async def close(self) -> None:
         """As :meth:`WaltzClient.close`. Idempotent."""

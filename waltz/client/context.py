@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from waltz.client.arguments import as_bytes, check_client_mark, check_integer, check_seconds
 from waltz.client.locks import LockMode, PartitionLocalLock
 from waltz.client.outcome import Outcome, OutcomeKind
 from waltz.errors import AsyncCallbackError
@@ -86,7 +87,12 @@ class BytesSerializer(Serializer[bytes]):
     """Transaction data that already is bytes."""
 
     def serialize(self, data: bytes) -> bytes:
-        return bytes(data)
+        """``data`` as bytes.
+
+        Raises:
+            TypeError: ``data`` is not bytes-like.
+        """
+        return data if type(data) is bytes else as_bytes(data, "transaction data")
 
     def deserialize(self, data: bytes) -> bytes:
         return data
@@ -165,11 +171,11 @@ class TransactionBuilder:
         transaction sets the mark it read here, so the lock check matches what it saw.
 
         Raises:
-            ValueError: the mark is below -1 (no transaction applied).
+            TypeError: the mark is not an int.
+            ValueError: the mark is below -1 (no transaction applied) or above a signed 64-bit
+                integer.
         """
-        if high_water_mark < -1:
-            raise ValueError(f"client high-water mark {high_water_mark} is below -1")
-        self._high_water_mark = high_water_mark
+        self._high_water_mark = check_client_mark(high_water_mark, "client high-water mark")
 
     @property
     def header(self) -> int:
@@ -180,11 +186,13 @@ class TransactionBuilder:
         """Set the application-defined 32-bit transaction header.
 
         Raises:
+            TypeError: ``header`` is not an int (a float, a bool, a string).
             ValueError: ``header`` does not fit in a signed 32-bit integer, or it is the header of
                 partition split records, which only a partition's owner writes (servers refuse a
                 client's append with it: docs/design/splits.md "Why no update is lost"). Raised in
                 ``execute``, it fails the context at once, before anything is sent.
         """
+        header = check_integer(header, "transaction header")
         if not _INT32_MIN <= header <= _INT32_MAX:
             raise ValueError(f"transaction header {header} does not fit in a signed 32-bit integer")
         if header == SPLIT_RECORD_HEADER:
@@ -195,12 +203,24 @@ class TransactionBuilder:
         self._header = header
 
     def set_transaction_data(self, data: T, serializer: Serializer[T]) -> None:
-        """Set the transaction data, encoded with ``serializer``."""
-        self._data = serializer.serialize(data)
+        """Set the transaction data, encoded with ``serializer``.
+
+        Raises:
+            TypeError: the serializer returned something other than bytes.
+        """
+        encoded = serializer.serialize(data)
+        self._data = (
+            encoded if type(encoded) is bytes else as_bytes(encoded, f"{type(serializer).__name__}.serialize")
+        )
 
     def set_raw_data(self, data: bytes) -> None:
-        """Set the transaction data as bytes."""
-        self._data = bytes(data)
+        """Set the transaction data as bytes.
+
+        Raises:
+            TypeError: ``data`` is not bytes-like (``bytes``, ``bytearray``, ``memoryview``); an
+                ``int`` is refused rather than taken as a count of zero bytes.
+        """
+        self._data = data if type(data) is bytes else as_bytes(data, "transaction data")
 
     @property
     def data(self) -> bytes:
@@ -294,12 +314,18 @@ class TransactionContext(abc.ABC):
     short.
 
     Args:
-        timeout: seconds after creation when the context expires, or None (never). Expiry is
-            checked only between attempts: an attempt in flight is resolved first, so an expired
-            context never commits afterwards.
+        timeout: seconds after its ``submit`` (or ``execute``) when the context expires, or None
+            (never). Expiry is checked between attempts and while an attempt's append waits unsent
+            for its partition to be mounted; an append that was sent is resolved first, so an
+            expired context never commits afterwards (docs/design/client.md "Transaction contexts
+            and callbacks").
+
+    Raises:
+        ValueError: ``timeout`` is zero, negative, NaN or infinite.
+        TypeError: ``timeout`` is not a number.
     """
 
-    #: Seconds after creation when the context expires (None: never); see the constructor.
+    #: Seconds after ``submit`` when the context expires (None: never); see the constructor.
     timeout: float | None = None
 
     #: True when ``execute`` always sets the builder's mark itself (``set_client_high_water_mark``,
@@ -323,8 +349,10 @@ class TransactionContext(abc.ABC):
     def __init__(self, *, timeout: float | None = None) -> None:
         self.creation_time = time.time()
         if timeout is not None:
-            if timeout <= 0:
-                raise ValueError(f"timeout {timeout} must be positive seconds")
+            if check_seconds(timeout, "context timeout") == 0:
+                raise ValueError(
+                    "context timeout of 0 seconds: give a positive number, or None for no timeout"
+                )
             self.timeout = timeout
 
     @abc.abstractmethod

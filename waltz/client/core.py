@@ -497,13 +497,25 @@ class ClientCore:
             await self.partitions[pid].wait_mounted()
 
     def _wanted_or(self, partition_ids: Iterable[int] | None) -> list[int]:
+        """``partition_ids`` as a list, or every wanted partition for None.
+
+        Raises:
+            ValueError: a partition does not exist.
+        """
         if partition_ids is None:
             return [p.partition_id for p in list(self.partitions.values()) if p.wanted]
-        return list(partition_ids)
+        ids = list(partition_ids)
+        bad = sorted(p for p in set(ids) if p not in self.partitions)
+        if bad:
+            raise ValueError(f"partitions {bad} do not exist (this client has {sorted(self.partitions)})")
+        return ids
 
     async def _mounted_within(self, ids: list[int], timeout: float) -> None:
         """Wait (on the loop) until the partitions are mounted; WaltzTimeoutError after ``timeout``
-        seconds, with each partition's state and what a failed TLS handshake suggests."""
+        seconds, with each partition's state and what a failed TLS handshake suggests. Partitions
+        mounted already return at once, whatever the timeout (zero included)."""
+        if all(self.partitions[pid].mounted for pid in ids):
+            return
         try:
             await asyncio.wait_for(self.wait_mounted(ids), timeout)
         except TimeoutError:

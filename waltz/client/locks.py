@@ -20,6 +20,7 @@ import enum
 import functools
 from dataclasses import dataclass
 
+from waltz.client.arguments import check_integer
 from waltz.protocol.records import crc32
 
 __all__ = ["LockMode", "PartitionLocalLock", "lock_hash"]
@@ -54,8 +55,12 @@ def lock_hash(name: str, lock_id: int) -> int:
         32-bit integer, in ``[-2**31, 2**31)``.
 
     Raises:
+        TypeError: ``name`` is not a string or ``lock_id`` not an int.
         ValueError: ``lock_id`` does not fit in a signed 64-bit integer.
     """
+    if type(name) is not str:
+        raise TypeError(f"lock name must be a str, not {type(name).__name__} {name!r}")
+    lock_id = check_integer(lock_id, "lock ID")
     if not _INT64_MIN <= lock_id <= _INT64_MAX:
         raise ValueError(f"lock ID {lock_id} does not fit in a signed 64-bit integer")
     return _hash(name, lock_id)
@@ -78,6 +83,7 @@ class PartitionLocalLock:
         id: which one, e.g. the account number (a signed 64-bit integer).
 
     Raises:
+        TypeError: ``name`` is not a string or ``id`` not an int (a float, a bool, a string).
         ValueError: ``id`` does not fit in a signed 64-bit integer.
     """
 
@@ -85,6 +91,10 @@ class PartitionLocalLock:
     id: int
 
     def __post_init__(self) -> None:
+        if type(self.name) is not str:
+            raise TypeError(f"lock name must be a str, not {type(self.name).__name__} {self.name!r}")
+        if type(self.id) is not int:
+            object.__setattr__(self, "id", check_integer(self.id, f"lock ID of {self.name!r}"))
         if not _INT64_MIN <= self.id <= _INT64_MAX:
             raise ValueError(f"lock ID {self.id} of {self.name!r} does not fit in a signed 64-bit integer")
 

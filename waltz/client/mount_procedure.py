@@ -29,6 +29,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
+from waltz.client.arguments import check_client_mark
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.feed_window import FeedWindow
@@ -184,6 +185,17 @@ class MountProcedure:
             self._task = asyncio.get_running_loop().create_task(
                 self._mount_loop(), name=f"waltz-mount-{self._partition_id}"
             )
+            self._task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A mount task's end: an exception that escaped it is logged and told to the application
+        (the partition stays unmounted until the next remount), never dropped unseen."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("partition %d: mounting failed: %r", self._partition_id, exc, exc_info=exc)
+            self._report(exc)
 
     def stop(self, *, unmount: bool) -> None:
         """Stop mounting and forget the connection (the partition unmounts, or closes).
@@ -301,12 +313,15 @@ class MountProcedure:
             if connection is None:
                 continue
             try:
-                high_water_mark = await asyncio.to_thread(
-                    self._host.callbacks.get_client_high_water_mark, self._partition_id
+                high_water_mark = check_client_mark(
+                    await asyncio.to_thread(
+                        self._host.callbacks.get_client_high_water_mark, self._partition_id
+                    ),
+                    f"the mark get_client_high_water_mark({self._partition_id}) returned",
                 )
             except Exception as exc:
                 log.warning(
-                    "partition %d: get_client_high_water_mark raised %r; mounting again in %.2fs",
+                    "partition %d: no valid get_client_high_water_mark: %r; mounting again in %.2fs",
                     self._partition_id,
                     exc,
                     backoff,

@@ -231,6 +231,9 @@ class Submission:
         except Exception as exc:
             self.fail(exc)
             return None
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit: end the context, then go on
+            self.fail(exc)
+            raise
         return payload
 
     def complete(self, transaction_id: int) -> None:
