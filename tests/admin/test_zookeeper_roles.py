@@ -14,7 +14,7 @@ import pytest
 import support
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
-from kazoo.security import make_acl, make_digest_acl
+from kazoo.security import Permissions, make_acl, make_digest_acl
 from typer.testing import CliRunner, Result
 
 from tests.client.client_helpers import Append, MemoryStore
@@ -285,3 +285,157 @@ def test_verify_warns_of_a_parent_of_the_root_anyone_may_take_over(
         for client in (zk, intruder):
             client.stop()
             client.close()
+
+
+def _session(zookeeper: Zk, digest: str) -> KazooClient:
+    return connect_zookeeper(zookeeper.connect_string, security=ZooKeeperSecurity(digest))
+
+
+def test_a_server_can_neither_take_nor_remove_the_operators_preferred_partitions(
+    zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, digests: Path
+) -> None:
+    """``server/preferred`` is the operators' (docs/design/zookeeper.md, "Roles"): a server session,
+    which creates its member and election znodes under ``server``, may not delete, re-create or
+    write it; ``verify`` fails a ``server`` znode that still lets servers delete its children (the
+    table of older versions) and warns of a missing ``server/preferred``; ``secure`` mends both."""
+    credentials = RoleCredentials.load_or_generate(digests)
+    paths = ClusterPaths.of(zk_root)
+    operator = _session(zookeeper, credentials.operator)
+    server = _session(zookeeper, credentials.server)
+    try:
+        cluster = ClusterZk(operator, zk_root)
+        cluster.create(
+            ClusterParams("preferred", 2, uuid.uuid4()),
+            ReplicaAssignments({"127.0.0.1:1": (0, 1)}),
+            GroupDescriptor({"127.0.0.1:1": 0}),
+            ConnectionMetadata({"127.0.0.1:1": 2}),
+            roles=credentials.identities(),
+        )
+        assert json.loads(operator.get(paths.server_preferred)[0])["servers"] == {}
+        ClusterZk(server, zk_root).check_security()  # the server role's default ACL, as a server runs
+        server.ensure_path(paths.election)  # what a server still creates under `server`
+        with pytest.raises(NoAuthError):
+            server.delete(paths.server_preferred)
+        with pytest.raises(NoAuthError):
+            server.set(paths.server_preferred, b'{"format_version": 1, "servers": {"x:1": [0]}}')
+        with pytest.raises(NoAuthError):  # nor give itself the right to delete them
+            server.set_acls(paths.server, credentials.identities().acl({Role.SERVER: Permissions.ALL}))
+        checks = {c.name: c for c in acl_checks(cluster)}
+        assert checks["zookeeper: role ACLs"].status is CheckStatus.PASSED, checks["zookeeper: role ACLs"]
+
+        # A cluster secured by an older version: servers held every right on `server`, and no
+        # `server/preferred` was made, so a server could create it with its own ACL.
+        everything, read = Permissions.ALL, Permissions.READ
+        old = credentials.identities().acl(
+            {Role.SERVER: everything, Role.OPERATOR: everything, Role.CLIENT: read}
+        )
+        operator.set_acls(paths.server, old)
+        operator.delete(paths.server_preferred)
+        role_acls = {c.name: c for c in acl_checks(cluster)}["zookeeper: role ACLs"]
+        assert role_acls.status is CheckStatus.FAILED, role_acls
+        assert f"{paths.server} grants server cdrwa (the table: cr)" in role_acls.detail
+        assert f"{paths.server_preferred} is missing" in role_acls.detail
+        assert "waltz cluster secure" in role_acls.detail
+        cluster.access.secure()
+        assert json.loads(operator.get(paths.server_preferred)[0])["servers"] == {}
+        role_acls = {c.name: c for c in acl_checks(cluster)}["zookeeper: role ACLs"]
+        assert role_acls.status is CheckStatus.PASSED, role_acls
+        with pytest.raises(NoAuthError):
+            server.delete(paths.server_preferred)
+    finally:
+        for session in (operator, server):
+            session.stop()
+            session.close()
+
+
+def test_a_server_holding_the_operators_credential_refuses_to_start(
+    request: pytest.FixtureRequest,
+    zookeeper: LocalZooKeeper | DockerZooKeeper,
+    zk_root: str,
+    digests: Path,
+    tmp_path: Path,
+) -> None:
+    """Its election and assignment znodes would get the operators' ACL, which the servers started
+    with their own credential could not use (docs/design/zookeeper.md, "Roles")."""
+    credentials = RoleCredentials.load_or_generate(digests)
+    operator = _session(zookeeper, credentials.operator)
+    try:
+        ClusterZk(operator, zk_root).create(
+            ClusterParams("roles", 1, uuid.uuid4()),
+            ReplicaAssignments({"127.0.0.1:1": (0,)}),
+            GroupDescriptor({"127.0.0.1:1": 0}),
+            ConnectionMetadata({"127.0.0.1:1": 2}),
+            roles=credentials.identities(),
+        )
+    finally:
+        operator.stop()
+        operator.close()
+    operator_file = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(digests / ROLE_DIGEST_FILES[Role.OPERATOR])}
+    server = start_server(request, zookeeper, zk_root, tmp_path / "server-as-operator.log", operator_file)
+    try:
+        with pytest.raises(
+            ServiceStartError, match="runs as the server role but its ZooKeeper credential is the operator's"
+        ):
+            server.start()
+        assert "server.digest of the cluster's --digest-dir" in server.process.log_tail()
+    finally:
+        server.close()
+    checker = _session(zookeeper, credentials.operator)
+    try:
+        assert checker.exists(ClusterPaths.of(zk_root).election) is None  # it made nothing
+    finally:
+        checker.stop()
+        checker.close()
+
+
+def test_wrong_roots_and_refused_commands_get_one_clear_line_and_no_advice_to_delete(
+    zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, digests: Path
+) -> None:
+    """A root that is the parent of a cluster is named as such (never "delete the root", which would
+    wipe every cluster under it); `server preferred` and `client check-connectivity` refused by
+    ZooKeeper say which credential to check, without a traceback (docs/design/zookeeper.md,
+    "Checking the root")."""
+    credentials = RoleCredentials.load_or_generate(digests)
+    inner = f"{zk_root}/c1"
+    operator = _session(zookeeper, credentials.operator)
+    try:
+        ClusterZk(operator, inner).create(
+            ClusterParams("inner", 2, uuid.uuid4()),
+            ReplicaAssignments({"127.0.0.1:1": (0, 1)}),
+            GroupDescriptor({"127.0.0.1:1": 0}),
+            ConnectionMetadata({"127.0.0.1:1": 2}),
+            roles=credentials.identities(),
+        )
+    finally:
+        operator.stop()
+        operator.close()
+    files = {role: str(digests / name) for role, name in ROLE_DIGEST_FILES.items()}
+    as_operator = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": files[Role.OPERATOR]}
+    listed = cluster_cli(zookeeper, zk_root, "list", env=as_operator, expect=2)
+    assert f"no cluster under {zk_root} (clusters under it: {inner})" in listed.output, listed.output
+    assert "delete the root" not in listed.output and "tampered" not in listed.output
+    made = cluster_cli(
+        zookeeper, zk_root, "create", "--name", "x", "--partitions", "1", "--storage", "127.0.0.1:1=2",
+        env=as_operator, expect=2,
+    )  # fmt: skip
+    assert f"a new cluster takes a root of its own, such as {zk_root}/<name>" in made.output, made.output
+    assert "delete the root" not in made.output
+
+    where = ["--zookeeper", zookeeper.connect_string, "--root", inner, "--timeout", "5"]
+    as_server = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": files[Role.SERVER]}
+    preferred = CliRunner().invoke(
+        app, ["server", "preferred", "add", "127.0.0.1:9", "-p", "0", *where], env=as_server
+    )
+    assert preferred.exit_code == 2, preferred.output
+    assert "ZooKeeper refused the command (NoAuthError)" in preferred.output, preferred.output
+    assert "servers take the server's, the cluster tools the operator's" in preferred.output
+    by_operator = CliRunner().invoke(
+        app, ["server", "preferred", "add", "127.0.0.1:9", "-p", "0", *where], env=as_operator
+    )
+    assert by_operator.exit_code == 0, by_operator.output
+
+    anonymous = CliRunner().invoke(app, ["client", "check-connectivity", *where], env={})
+    assert anonymous.exit_code == 2, anonymous.output
+    assert anonymous.exception is None or isinstance(anonymous.exception, SystemExit), anonymous.exception
+    assert "Traceback" not in anonymous.output
+    assert f"ZooKeeper refused reading the servers' members under {inner}/server/members" in anonymous.output

@@ -51,7 +51,7 @@ from waltz.errors import StorageRpcError, WaltzError, WaltzTimeoutError
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet
 from waltz.metadata.assignment import read_members
 from waltz.metadata.zk import ClusterZk
-from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper
+from waltz.metadata.zk_session import ZooKeeperAuthError, connect_zookeeper, zookeeper_access
 from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.channels import CLIENT_TLS_SETTINGS, TlsConfig, open_channel, tls_settings_hint
 from waltz.protocol.event_loop import run_on_shared_loop
@@ -429,7 +429,8 @@ def _targets(config: WaltzClientConfig, timeout: float) -> _Targets:
     try:
         cluster = ClusterZk(zk, config.cluster_root)
         cluster.check_security()
-        members = read_members(zk, cluster.paths)
+        with zookeeper_access(zk, f"reading the servers' members under {cluster.paths.members}"):
+            members = read_members(zk, cluster.paths)
         try:
             description = describe_cluster(cluster)
         except ZooKeeperAuthError:  # the client role: no cluster key, no storage nodes

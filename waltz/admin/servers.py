@@ -24,6 +24,7 @@ from waltz.errors import ConfigurationError
 from waltz.metadata.assignment import Member, read_assignment, read_members
 from waltz.metadata.preferred import read_preferred, update_preferred
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_session import zookeeper_errors
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.event_loop import run_on_shared_loop
 
@@ -113,6 +114,7 @@ def _health(url: str, timeout: float, tls: TlsConfig | None) -> tuple[str, str]:
     return state, detail
 
 
+@zookeeper_errors
 def list_servers(
     zk: KazooClient, root: str, *, timeout: float = 5.0, tls: TlsConfig | None = None
 ) -> list[ServerInfo]:
@@ -127,6 +129,8 @@ def list_servers(
     Raises:
         ClusterNotFoundError: no cluster exists under the root.
         MetadataError: a znode does not decode.
+        ZooKeeperAuthError: ZooKeeper refused a read (the message names the credential to check).
+        ZooKeeperUnavailableError: the connection to ZooKeeper was lost.
     """
     cluster = ClusterZk(zk, root)
     cluster.params()  # no cluster: ClusterNotFoundError
@@ -183,6 +187,7 @@ def resolve_server(members: Iterable[Member], server: str) -> tuple[str, tuple[i
     )
 
 
+@zookeeper_errors
 def change_preferred(
     zk: KazooClient,
     root: str,
@@ -207,6 +212,8 @@ def change_preferred(
         ClusterNotFoundError: no cluster exists under the root.
         ConfigurationError: no such server, or a partition outside the cluster.
         StaleMetadataError: the znode kept changing.
+        ZooKeeperAuthError: ZooKeeper refused the change (only operators write the znode).
+        ZooKeeperUnavailableError: the connection to ZooKeeper was lost.
     """
     cluster = ClusterZk(zk, root)
     params = cluster.params()
@@ -218,6 +225,7 @@ def change_preferred(
     return endpoint, before, after
 
 
+@zookeeper_errors
 def is_live(zk: KazooClient, root: str, endpoint: str) -> bool:
     """Whether a live member of the cluster's servers has ``endpoint`` (``host:port``).
 

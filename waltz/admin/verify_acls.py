@@ -20,7 +20,7 @@ from kazoo.security import Permissions
 from waltz.admin.verify import CheckResult, CheckStatus
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_access import digest_user
-from waltz.metadata.zk_roles import ClusterRoles, session_identities
+from waltz.metadata.zk_roles import RIGHTS, TABLE_ZNODES, ClusterRoles, Role, grants_for, session_identities
 from waltz.metadata.zk_session import ZooKeeperAuthError
 
 __all__ = ["acl_checks"]
@@ -69,7 +69,56 @@ def acl_checks(cluster: ClusterZk) -> list[CheckResult]:
         if unknown
         else "only the cluster's own znodes",
     )
-    return [acl, children, _parent_check(cluster, known)]
+    checks = [acl, children, _parent_check(cluster, known)]
+    if roles is not None and roles.operator in own:
+        checks.append(_role_table_check(cluster, roles))
+    return checks
+
+
+def _role_table_check(cluster: ClusterZk, roles: ClusterRoles) -> CheckResult:
+    """Whether each znode of the role table grants each role what the table says
+    (docs/design/zookeeper.md, "Roles"): a role granted more is FAILED (a server that can delete
+    ``server/preferred`` could lock the operators out of it), a role granted less, or
+    ``server/preferred`` missing (a server could create it, with its own ACL), a WARNING; `waltz
+    cluster secure` sets the table's ACLs and makes the missing znode. Checked by the operator's
+    session only, which may read every ACL."""
+    name = "zookeeper: role ACLs"
+    role_of_user = {digest_user(roles.identity(role)): role for role in Role}
+    more: list[str] = []
+    less: list[str] = []
+    for relative in TABLE_ZNODES:
+        path = f"{cluster.paths.root}/{relative}" if relative else cluster.paths.root
+        try:
+            entries, _ = cluster.zk.get_acls(path)
+        except NoNodeError:
+            if path == cluster.paths.server_preferred:
+                less.append(f"{path} is missing (a server could create it, with its own ACL)")
+            continue
+        except NoAuthError:
+            more.append(f"{path} refuses the operator (another identity holds it)")
+            continue
+        held: dict[Role, int] = {}
+        for entry in entries:
+            role = role_of_user.get(digest_user(entry.id.id)) if entry.id.scheme == "digest" else None
+            if role is not None:
+                held[role] = held.get(role, 0) | entry.perms
+        for role in Role:
+            want, got = grants_for(relative).get(role, 0), held.get(role, 0)
+            if got & ~want:
+                more.append(f"{path} grants {role.value} {_rights(got)} (the table: {_rights(want)})")
+            elif want & ~got:
+                less.append(f"{path} grants {role.value} {_rights(got)} (the table: {_rights(want)})")
+    fix = "run `waltz cluster secure` with the operator's credential to set the table's ACLs"
+    if more:
+        return CheckResult(name, CheckStatus.FAILED, f"{'; '.join(more + less)}: {fix}")
+    if less:
+        return CheckResult(name, CheckStatus.WARNING, f"{'; '.join(less)}: {fix}")
+    return CheckResult(name, CheckStatus.PASSED, f"{len(TABLE_ZNODES)} znodes of the role table as it says")
+
+
+def _rights(perms: int) -> str:
+    """Permissions as ``zkCli.sh`` letters (``cdrwa``), or ``none``."""
+    return "".join(letter for bit, letter in RIGHTS if perms & bit) or "none"
 
 
 def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:

@@ -382,22 +382,31 @@ def secure(
     config: AdminConfigOption = None,
     timeout: TimeoutOption = None,
 ) -> None:
-    """Protect an existing cluster's znodes with the configured ZooKeeper credential.
+    """Protect an existing cluster's znodes with its ZooKeeper credentials.
 
-    Sets, on the root and every znode below it, an ACL granting all rights to the digest
-    credential of zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE) alone; sessions
-    without it can then neither read nor write them. Give every server, client and tool the
-    credential first (see docs/operations.md). Idempotent.
+    In a cluster made with credentials per role, run with the operator's credential: every znode
+    from the root down gets its role's ACL again (servers, operators, clients: docs/zookeeper.md,
+    "Access control"), and znodes the role table needs are made where missing.
 
-    With --digest-dir, every znode gets instead the ACL of its role (servers, operators, clients;
-    the credentials made in the directory when absent): the way a cluster created with one
-    credential, or none, moves to credentials per role. Restart the servers, tools and clients
-    with their role's file afterwards (docs/deploy.md, "ZooKeeper credentials").
+    In a cluster made with one credential, or none: every znode gets an ACL granting all rights to
+    the digest credential of zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE) alone;
+    sessions without it can then neither read nor write them. Give every server, client and tool
+    the credential first (see docs/operations.md).
+
+    With --digest-dir, every znode gets instead the ACL of its role (the credentials made in the
+    directory when absent): the way a cluster created with one credential, or none, moves to
+    credentials per role. Restart the servers, tools and clients with their role's file
+    afterwards (docs/deploy.md, "ZooKeeper credentials"). Idempotent.
     """
     with connected_admin(config, zookeeper, root, timeout, check_acls=False) as admin:
         credentials = RoleCredentials.load_or_generate(digest_dir) if digest_dir is not None else None
         count = admin.secure(credentials)
-    how = f"the role credentials of {digest_dir}" if digest_dir is not None else "the configured credential"
+        if digest_dir is not None:
+            how = f"the role credentials of {digest_dir}"
+        elif admin.cluster.access.roles() is not None:
+            how = "the ACL of each znode's row of the cluster's role table"
+        else:
+            how = "the configured credential"
     typer.echo(f"protected {count} znodes under {admin.root} with {how}")
 
 

@@ -103,6 +103,11 @@ class ClusterPaths:
         return f"{self.root}/server/assignment"
 
     @property
+    def server_preferred(self) -> str:
+        """The run-time preferred partitions, written by operators (``waltz server preferred``)."""
+        return f"{self.root}/server/preferred"
+
+    @property
     def client(self) -> str:
         """Parent of the client ID counter."""
         return f"{self.root}/client"

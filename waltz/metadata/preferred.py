@@ -38,7 +38,7 @@ MAX_CAS_ATTEMPTS = 20
 
 def preferred_path(paths: ClusterPaths) -> str:
     """The znode path ``<root>/server/preferred``."""
-    return f"{paths.server}/preferred"
+    return paths.server_preferred
 
 
 @dataclass(frozen=True, slots=True)

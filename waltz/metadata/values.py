@@ -58,6 +58,11 @@ def _dump(value: dict[str, Any]) -> bytes:
     return json.dumps({"format_version": FORMAT_VERSION, **value}, sort_keys=True).encode("utf-8")
 
 
+#: ``server/preferred`` holding no server's entry, as a cluster made with role credentials (or
+#: moved to them) starts it, so that no server can create it (docs/design/zookeeper.md, "Roles").
+NO_PREFERRED_PARTITIONS: bytes = _dump({"servers": {}})
+
+
 def _field(value: Mapping[str, Any], key: str, kind: type, path: str) -> Any:
     if key not in value:
         raise MetadataError(f"znode {path} lacks the field {key!r}")

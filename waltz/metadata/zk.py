@@ -40,6 +40,7 @@ from waltz.errors import ClusterNotFoundError, GenerationFencedError, MetadataEr
 from waltz.metadata.missing_cluster import missing_cluster_message
 from waltz.metadata.paths import ClusterPaths
 from waltz.metadata.values import (
+    NO_PREFERRED_PARTITIONS,
     ArchiveSummary,
     ClusterParams,
     ConnectionMetadata,
@@ -213,6 +214,7 @@ class ClusterZk:
         if roles is not None:
             values.append((self.paths.roles, roles.encode()))
             values += [(path, b"") for path in (self.paths.server, self.paths.members)]
+            values.append((self.paths.server_preferred, NO_PREFERRED_PARTITIONS))
             values += [(path, b"") for path in (self.paths.client, self.paths.client_id)]
             values.append((self.paths.client_ids, b"0"))  # no ID handed out by the counter
         for path, data in values:
@@ -290,15 +292,21 @@ class ClusterZk:
                 close(path, current)  # its read-only znodes (/zookeeper/config) stay as they are
         return changed
 
-    def check_security(self) -> ClusterRoles | None:
+    def check_security(self, role: Role | None = None) -> ClusterRoles | None:
         """Check the root before using the cluster and adopt the session's role ACL
         (:meth:`ClusterAccess.check_security <waltz.metadata.zk_access.ClusterAccess.check_security>`).
 
+        Args:
+            role: the role the process runs as (a server: ``Role.SERVER``); in a cluster made with
+                role credentials, a session holding another role's credential is refused. None:
+                any of the cluster's roles.
+
         Raises:
             ZnodeAclError: the root or a child lets in anyone or an unknown identity.
-            ZooKeeperAuthError: the session's credential is none of the cluster's.
+            ZooKeeperAuthError: the session's credential is none of the cluster's, or another
+                role's than ``role``.
         """
-        return self.access.check_security()
+        return self.access.check_security(role)
 
     def discovery(self) -> DiscoveryParams:
         """The name and number of partitions, from ``<root>/discovery`` or, in a cluster made

@@ -19,9 +19,10 @@ from kazoo.security import Permissions
 from waltz.errors import ClusterNotFoundError, MetadataError
 from waltz.metadata.missing_cluster import missing_cluster_message
 from waltz.metadata.paths import ClusterPaths
-from waltz.metadata.values import ClusterParams, DiscoveryParams
+from waltz.metadata.values import NO_PREFERRED_PARTITIONS, ClusterParams, DiscoveryParams
 from waltz.metadata.zk_roles import (
     KNOWN_CHILDREN,
+    ROLE_DIGEST_FILES,
     AclProblem,
     ClusterRoles,
     Role,
@@ -66,14 +67,25 @@ class ClusterAccess:
         open cluster and checks nothing.
 
         Raises:
-            ZnodeAclError: the root or a child lets in anyone or an unknown identity.
+            ZnodeAclError: the root or a child lets in anyone or an unknown identity (also when
+                the root holds no cluster but znodes no cluster makes: the message then says to
+                choose a root of its own, never to delete this one).
         """
         own = session_identities(self.zk)
         if own:
             if roles is None:
                 roles = self._own_roles(own)
             known = roles.all() if roles is not None else own
-            self._refuse(self.acl_problems(known), "creating the cluster")
+            problems = self.acl_problems(known)
+            unknown = self.unknown_children()
+            if problems and unknown and self.zk.exists(self.paths.cluster) is None:
+                raise ZnodeAclError(
+                    f"refusing creating a cluster under {self.paths.root}: it holds {', '.join(unknown)}, "
+                    "which no cluster makes, with ACLs that are not this session's (other clusters' roots, "
+                    "or another application's znodes): give the cluster a root of its own, such as "
+                    f"{self.paths.root}/<name>; nothing was changed"
+                )
+            self._refuse(problems, "creating the cluster")
 
     def _own_roles(self, own: set[str]) -> ClusterRoles | None:
         """The identities of ``<root>/roles`` when the session is one of them: a cluster made with
@@ -163,7 +175,7 @@ class ClusterAccess:
         except NoNodeError:
             return []
 
-    def check_security(self) -> ClusterRoles | None:
+    def check_security(self, expected: Role | None = None) -> ClusterRoles | None:
         """Check the root's and its children's ACLs before using the cluster; adopt the role's ACL.
 
         Every server, admin tool and client calls this on start (docs/design/zookeeper.md,
@@ -172,7 +184,13 @@ class ClusterAccess:
         one refuses a root or child znode open to anyone or to an identity that is none of the
         cluster's (``<root>/roles``, or the session's own in a cluster made with one credential).
         In a cluster made with roles, the session's default ACL becomes its role's, so that the
-        znodes it creates get the role table's ACL.
+        znodes it creates get the role table's ACL; so a process that runs as one role (a
+        server) passes it as ``expected`` and is refused with another role's credential (a
+        server holding the operator's would create the election and the assignment with the
+        operators' ACL, and the servers started with their own credential could not use them).
+
+        Args:
+            expected: the role the session must hold in a cluster made with roles (None: any).
 
         Returns:
             The cluster's role identities, or None (no credential, no cluster, or a cluster made
@@ -180,7 +198,10 @@ class ClusterAccess:
 
         Raises:
             ZnodeAclError: a root or child znode lets in anyone or an unknown identity.
-            ZooKeeperAuthError: the session's credential is none of the cluster's.
+            ZooKeeperAuthError: the session's credential is none of the cluster's, or another
+                role's than ``expected``.
+            ClusterNotFoundError: the root holds no cluster and its znodes are not the session's
+                (a wrong root, such as the parent of several clusters: the error names them).
         """
         own = session_identities(self.zk)
         if not own:
@@ -206,8 +227,21 @@ class ClusterAccess:
             if role is None:
                 what = f"the session's credential: it is none of the roles in {self.paths.roles}"
                 raise auth_error(self.zk, what)
+            if expected is not None and role is not expected:
+                raise ZooKeeperAuthError(
+                    f"this process runs as the {expected.value} role but its ZooKeeper credential is the "
+                    f"{role.value}'s ({self.paths.roles}): the znodes it makes would get the {role.value}s' "
+                    f"ACL, which other {expected.value}s cannot use; give it the {expected.value}'s digest "
+                    f"file ({ROLE_DIGEST_FILES[expected]} of the cluster's --digest-dir) in "
+                    "zookeeper.auth.digestFile or WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"
+                )
             known = roles.all()
-        self._refuse(self.acl_problems(known, role=role), "using the cluster")
+        problems = self.acl_problems(known, role=role)
+        if problems and self.zk.exists(self.paths.cluster) is None:
+            # Not a cluster's root (a typo, or the parent of several clusters): say so, never
+            # "delete the root", which would wipe whatever is there.
+            raise ClusterNotFoundError(missing_cluster_message(self.zk, self.paths))
+        self._refuse(problems, "using the cluster")
         if roles is not None and role is not None:
             self.zk.default_acl = roles.default_acl(role)
         return roles
@@ -306,6 +340,7 @@ class ClusterAccess:
             (self.paths.discovery, DiscoveryParams.of(params).encode()),
             (self.paths.server, b""),
             (self.paths.members, b""),
+            (self.paths.server_preferred, NO_PREFERRED_PARTITIONS),
             (self.paths.client, b""),
             (self.paths.client_id, b""),
             (self.paths.client_ids, str(self._counted_client_ids()).encode()),

@@ -34,7 +34,9 @@ from waltz.private_files import private_directory
 
 __all__ = [
     "KNOWN_CHILDREN",
+    "RIGHTS",
     "ROLE_DIGEST_FILES",
+    "TABLE_ZNODES",
     "AclProblem",
     "ClusterRoles",
     "Role",
@@ -85,7 +87,8 @@ class AclProblem:
     detail: str
 
 
-_RIGHTS: tuple[tuple[int, str], ...] = (
+#: Each permission bit and its ``zkCli.sh`` letter, in ``cdrwa`` order.
+RIGHTS: tuple[tuple[int, str], ...] = (
     (Permissions.CREATE, "c"),
     (Permissions.DELETE, "d"),
     (Permissions.READ, "r"),
@@ -96,7 +99,7 @@ _RIGHTS: tuple[tuple[int, str], ...] = (
 
 def describe_acl(entry: ACL) -> str:
     """An ACL entry as ``zkCli.sh getAcl`` shows it: ``scheme:id:cdrwa``."""
-    rights = "".join(letter for bit, letter in _RIGHTS if entry.perms & bit)
+    rights = "".join(letter for bit, letter in RIGHTS if entry.perms & bit)
     return f"{entry.id.scheme}:{entry.id.id}:{rights}"
 
 
@@ -249,7 +252,10 @@ _GRANTS: dict[str, dict[Role, int]] = {
     "store/group": _OPERATED,
     "store/connection": _OPERATED,
     "store/partition": _OPERATED,
-    "server": _SERVED,
+    # Servers create their members, the election and the assignment below it, but may neither
+    # delete its children nor change its ACL: they could otherwise delete and re-create
+    # ``server/preferred``, which only operators write (``create`` and ``secure`` make it).
+    "server": {Role.OPERATOR: _ALL, Role.SERVER: _READ | Permissions.CREATE, Role.CLIENT: _READ},
     "server/preferred": _OPERATED,
     "client": {Role.OPERATOR: _ALL, Role.CLIENT: _READ},
     # Clients only read the counter: one that could write it could hand out IDs again.
@@ -271,6 +277,9 @@ _DEFAULT_GRANTS: dict[Role, dict[Role, int]] = {
 
 #: The znodes a cluster may hold directly under its root; anything else is flagged by verify.
 KNOWN_CHILDREN = frozenset(p for p in _GRANTS if p and "/" not in p)
+
+#: Every znode of the role table by its path below the root (``""``: the root), in table order.
+TABLE_ZNODES: tuple[str, ...] = tuple(_GRANTS)
 
 
 def grants_for(relative: str) -> dict[Role, int]:

@@ -241,7 +241,10 @@ def zookeeper_errors(method: Callable[P, T]) -> Callable[P, T]:
 
 
 def _session_of(owner: object) -> KazooClient | None:
-    """The kazoo client of a decorated method's object (``.zk`` or ``.cluster.zk``), if any."""
+    """The kazoo client of a decorated callable's first argument: that client itself, or its
+    ``.zk`` or ``.cluster.zk``, if any."""
+    if isinstance(owner, KazooClient):
+        return owner
     for candidate in (owner, getattr(owner, "cluster", None)):
         zk = getattr(candidate, "zk", None)
         if isinstance(zk, KazooClient):

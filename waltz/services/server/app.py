@@ -27,6 +27,7 @@ from waltz import tracing
 from waltz.errors import SplitStateError, StaleMetadataError, WaltzError
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.zk import ClusterZk, Versioned
+from waltz.metadata.zk_roles import Role
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, connect_zookeeper
 from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
@@ -158,7 +159,8 @@ class ServerApp:
         self._archived = ArchivedReads(self._cluster)
         self._epochs_zk = PartitionEpochsZk(zk, self._cluster.paths, timeout=config.zookeeper_session_timeout)
         self._epochs_lock = asyncio.Lock()
-        await asyncio.to_thread(self._cluster.check_security)  # docs/design/zookeeper.md, "Checking the root"
+        # docs/design/zookeeper.md, "Checking the root", "Roles": a server holds the server's credential
+        await asyncio.to_thread(self._cluster.check_security, Role.SERVER)
         params = await asyncio.to_thread(self._cluster.params)
         self.cluster_key = str(params.cluster_key)
         self.num_partitions = params.num_partitions
