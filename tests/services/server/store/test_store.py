@@ -932,3 +932,64 @@ def test_a_store_whose_zookeeper_session_is_down_at_recovery_recovers_once_it_is
     finally:
         client.stop()
         client.close()
+
+
+def test_a_replica_a_stopped_recovery_cleaned_past_its_recorded_closing_mark_rejoins(
+    store_cluster: StoreCluster,
+) -> None:
+    """docs/design/recovery.md "Cleaning each replica": a recovery copies the committed records to
+    a replica and raises its low-water mark before it records the replica's state in ZooKeeper; if
+    it stops in between (a lost ZooKeeper session, a crash), ZooKeeper still holds the replica's
+    older closing mark, below the replica's low-water mark. The next recovery truncates it to its
+    low-water mark instead (a truncation to the closing mark would be refused, below the committed
+    floor, on every round), and the replica rejoins."""
+    late = store_cluster.storages[2]
+
+    async def write_without_the_late_replica() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 0, 50) == list(range(50))
+        await partition.close()
+        late.stop()
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 50, 70) == list(range(50, 120))
+        await partition.close()
+
+    run(write_without_the_late_replica())
+    late.start()
+    recorded = store_cluster.zk.partition_metadata(0).value
+    closing = recorded.replicas[late.address].closing_high_water_mark
+    assert closing == 49, recorded
+
+    async def a_recovery_stopped_before_zookeeper() -> None:
+        """What a recovery does to the late replica before its ZooKeeper update: truncate it to
+        its closing mark, copy the committed records from a writer, raise its low-water mark."""
+        n, key = store_cluster.params.num_partitions, store_cluster.cluster_key
+        session = recorded.session_id + 1
+        source = ReplicaConnection(store_cluster.storages[0].address, 0, session, key, n, FAST)
+        target = ReplicaConnection(late.address, 0, session, key, n, FAST)
+        for connection in (source, target):
+            await connection.open()
+        try:
+            assert await target.truncate(closing) == 49
+            assert await target.copy_from(source, 50, 119, 100) == 119
+            await target.set_low_water_mark(119)
+        finally:
+            for connection in (source, target):
+                await connection.close()
+
+    run(a_recovery_stopped_before_zookeeper())
+    assert store_cluster.zk.partition_metadata(0).value.replicas[late.address].closing_high_water_mark == 49
+
+    async def the_next_owner() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await append_many(partition, 120, 10) == list(range(120, 130))
+        await settle(lambda: late.address in partition.replicas_in_session, "the late replica rejoins", 30)
+        await partition.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert all(len(r) == 130 for r in replicas.values()), {s: len(r) for s, r in replicas.items()}
+        assert len({tuple(r) for r in replicas.values()}) == 1
+
+    run(the_next_owner())

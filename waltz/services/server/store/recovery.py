@@ -126,8 +126,20 @@ async def clean_replica(
             low_water_mark,
         )
         return await connection.truncate(low_water_mark)
-    if state.closing_high_water_mark is not None:
-        return await connection.truncate(state.closing_high_water_mark)
+    closing = state.closing_high_water_mark
+    if closing is not None:
+        if low_water_mark > closing:
+            # A recovery cleaned it past its recorded mark and stopped before recording so: every
+            # record up to its own low-water mark is committed, and the floor keeps them.
+            log.info(
+                "partition %d: replica on %s has low-water mark %d above its closing high-water mark %d "
+                "(a recovery that cleaned it did not record so): truncating to its low-water mark",
+                partition_id,
+                storage,
+                low_water_mark,
+                closing,
+            )
+        return await connection.truncate(max(closing, low_water_mark))
     return await connection.max_transaction_id()
 
 
