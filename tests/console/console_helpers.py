@@ -7,11 +7,13 @@ import re
 import shutil
 import ssl
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import ManagedProcess, free_port, wait_until
@@ -124,3 +126,50 @@ def launch_console(
     process = ManagedProcess(args, name=name, log_path=tmp_path / f"{name}.log", env=env)
     process.start()
     return RunningConsole(process, f"{'https' if tls else 'http'}://127.0.0.1:{port}/", tls)
+
+
+def request(
+    url: str,
+    body: str | None = None,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """GET (no body) or POST ``body`` as a form; the status and the text of the answer."""
+    data = None if body is None else body.encode()
+    method = "GET" if body is None else "POST"
+    sent = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(sent, timeout=30, context=context) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def act(
+    console: RunningConsole,
+    form: str,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> list[int]:
+    """Ask for an action and, when a confirmation comes back, run it: the statuses of both steps."""
+    return act_and_read(console, form, context, headers)[0]
+
+
+def act_and_read(
+    console: RunningConsole,
+    form: str,
+    context: ssl.SSLContext | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[list[int], str]:
+    """:func:`act`, with the text of the last answer (the confirmation's refusal, or the outcome)."""
+    status, text = request(console.url + "actions/confirm", form, context, headers)
+    statuses = [status]
+    confirmation = re.search(r'name="token" value="([^"]+)"', text)
+    if confirmation is not None:
+        run_form = f"token={confirmation.group(1)}"
+        start_token = parse_qs(form).get("console_token")
+        if start_token:
+            run_form += f"&console_token={start_token[0]}"
+        status, text = request(console.url + "actions/run", run_form, context, headers)
+        statuses.append(status)
+    return statuses, text

@@ -11,16 +11,15 @@ in headless chromium, which presents the certificates (Playwright's ``client_cer
 from __future__ import annotations
 
 import re
+import socket
 import ssl
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import quote, urlsplit
 
 import pytest
 
-from tests.console.console_helpers import RunningConsole, assigned_storages, launch_console
+from tests.console.console_helpers import RunningConsole, act, assigned_storages, launch_console, request
 from waltz.local.certificates import ClusterCertificates, make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
@@ -75,42 +74,6 @@ def consoles(
     finally:
         for console in started.values():
             console.close()
-
-
-def request(
-    url: str,
-    body: str | None = None,
-    context: ssl.SSLContext | None = None,
-    headers: dict[str, str] | None = None,
-) -> tuple[int, str]:
-    """GET (no body) or POST ``body`` as a form; the status and the text of the answer."""
-    data = None if body is None else body.encode()
-    method = "GET" if body is None else "POST"
-    sent = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(sent, timeout=30, context=context) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-
-
-def act(
-    console: RunningConsole,
-    form: str,
-    context: ssl.SSLContext | None = None,
-    headers: dict[str, str] | None = None,
-) -> list[int]:
-    """Ask for an action and, when a confirmation comes back, run it: the statuses of both steps."""
-    status, text = request(console.url + "actions/confirm", form, context, headers)
-    statuses = [status]
-    confirmation = re.search(r'name="token" value="([^"]+)"', text)
-    if confirmation is not None:
-        run_form = f"token={confirmation.group(1)}"
-        start_token = parse_qs(form).get("console_token")
-        if start_token:
-            run_form += f"&console_token={start_token[0]}"
-        statuses.append(request(console.url + "actions/run", run_form, context, headers)[0])
-    return statuses
 
 
 def act_when_safe(
@@ -170,7 +133,7 @@ def test_a_client_or_node_certificate_can_neither_read_nor_act(
     assert request(console.url + "static/console.js", context=context)[0] == 200
 
 
-def test_an_operator_certificate_adds_replicas_and_an_admin_certificate_does_every_action(
+def test_only_an_admin_certificate_changes_replicas(
     cluster: LocalCluster, consoles: dict[str, RunningConsole], certificates: ClusterCertificates
 ) -> None:
     cluster.wait_ready()
@@ -181,30 +144,32 @@ def test_an_operator_certificate_adds_replicas_and_an_admin_certificate_does_eve
     remove = f"kind=remove-replica&partition=1&storage={storage}"
     add = f"kind=add-replica&partition=1&storage={storage}"
 
-    # The operator reads, and is offered only the action its role allows.
+    # The operator reads, and is offered no action: each needs the admin role, as on the nodes.
     status, page = request(console.url, context=operator)
-    assert status == 200 and 'value="add-replica"' in page and 'value="remove-replica"' not in page
+    assert status == 200 and 'id="no-actions"' in page and 'value="add-replica"' not in page, page
     status, page = request(console.url, context=admin)
-    assert status == 200 and 'value="remove-replica"' in page and 'value="recover-partition"' in page
+    assert status == 200 and 'value="add-replica"' in page and 'value="remove-replica"' in page
+    assert 'value="recover-partition"' in page
 
-    # Discarding data needs the admin role.
     first = cluster.storages[0].address
-    assert act(console, remove, operator) == [403]
-    assert act(console, f"kind=recover-partition&partition=0&storage={storage}&source={first}", operator) == [
-        403
-    ]
+    for form in (remove, add, f"kind=recover-partition&partition=0&storage={storage}&source={first}"):
+        assert act(console, form, operator) == [403], form
     assert storage in assigned_storages(cluster, 1)
     act_when_safe(console, remove, admin)
+    assert storage not in assigned_storages(cluster, 1)
+    assert act(console, add, operator) == [403]
     assert storage not in assigned_storages(cluster, 1)
 
     # A confirmation belongs to whoever asked for it.
     status, text = request(console.url + "actions/confirm", add, admin)
     confirmation = re.search(r'name="token" value="([^"]+)"', text)
     assert status == 200 and confirmation is not None, text
-    assert request(console.url + "actions/run", f"token={confirmation.group(1)}", operator)[0] == 409
+    assert request(console.url + "actions/run", f"token={confirmation.group(1)}", operator)[0] == 403
+    other = browser(certificates, "node")
+    assert request(console.url + "actions/run", f"token={confirmation.group(1)}", other)[0] == 403
     assert storage not in assigned_storages(cluster, 1)
 
-    act_when_safe(console, add, operator)
+    act_when_safe(console, add, admin)
     assert storage in assigned_storages(cluster, 1)
 
 
@@ -228,8 +193,9 @@ def test_the_action_log_names_the_subject_and_the_role(
             log,
         )
         refused = re.search(
-            rf"WARNING waltz\.console\.audit .* asking for {re.escape(command)} by certificate "
-            r"'CN=waltz-client' \(roles: client\) from 127\.0\.0\.1:\d+ refused: .*urn:waltz:role:operator.*",
+            # Refused before its form is read: who may run no action gets no further.
+            r"WARNING waltz\.console\.audit .* asking for an action by certificate "
+            r"'CN=waltz-client' \(roles: client\) from 127\.0\.0\.1:\d+ refused: .*urn:waltz:role:admin.*",
             log,
         )
         return (done.group(0), refused.group(0)) if done and refused else None
@@ -288,7 +254,7 @@ def test_on_loopback_the_start_token_runs_actions_and_shows_only_in_the_start_li
     )
 
 
-def test_in_a_browser_an_operator_certificate_is_offered_only_what_its_role_allows(
+def test_in_a_browser_each_certificate_is_offered_only_what_its_role_allows(
     cluster: LocalCluster,
     consoles: dict[str, RunningConsole],
     certificates: ClusterCertificates,
@@ -316,8 +282,16 @@ def test_in_a_browser_an_operator_certificate_is_offered_only_what_its_role_allo
     try:
         page.goto(console.url)
         expect(page.locator("#mode")).to_have_text("operator")
-        expect(page.locator("#action-kind option")).to_have_count(1)
-        expect(page.locator("#action-kind option")).to_have_attribute("value", "add-replica")
+        expect(page.locator("#action-kind option")).to_have_count(0)
+        expect(page.locator("#no-actions")).to_contain_text("admin")
+    finally:
+        context.close()
+
+    context, page = page_as("admin")
+    try:
+        page.goto(console.url)
+        expect(page.locator("#action-kind option")).to_have_count(3)
+        page.select_option("#action-kind", "add-replica")
         storage = cluster.storages[0].address
         page.select_option("#action-partition", "0")
         page.select_option("#action-storage", storage)
@@ -335,3 +309,92 @@ def test_in_a_browser_an_operator_certificate_is_offered_only_what_its_role_allo
         expect(page.locator("body")).to_contain_text("urn:waltz:role:operator")
     finally:
         context.close()
+
+
+def audit_line(console: RunningConsole, pattern: str) -> str:
+    """The first audit line of ``console``'s log matching ``pattern`` (waited for)."""
+    found = wait_until(
+        lambda: re.search(pattern, console.log()), timeout=10, what=f"an audit line {pattern!r}", interval=0.1
+    )
+    return found.group(0)
+
+
+def test_a_foreign_form_and_an_unknown_confirmation_are_audited(consoles: dict[str, RunningConsole]) -> None:
+    console = consoles["token"]
+    token = {"X-Console-Token": console.token()}
+    foreign = {"Origin": "https://evil.example", **token}
+    assert request(console.url + "actions/confirm", "kind=add-replica", headers=foreign)[0] == 403
+    audit_line(
+        console,
+        r"WARNING waltz\.console\.audit .*POST /actions/confirm by loopback token holder from "
+        r"127\.0\.0\.1:\d+ refused: a form from https://evil\.example is not the console's own",
+    )
+    status, text = request(console.url + "actions/run", "token=never-issued", headers=token)
+    assert status == 409 and "unknown, used or expired" in text, text
+    audit_line(
+        console,
+        r"WARNING waltz\.console\.audit .*running a confirmation by loopback token holder from "
+        r"127\.0\.0\.1:\d+ refused: the confirmation is unknown, used or expired",
+    )
+
+
+def test_a_malformed_storage_node_or_partition_is_refused_and_the_audit_log_stays_one_line_per_record(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    console = consoles["token"]
+    token = {"X-Console-Token": console.token()}
+    forged = "INFO waltz.console.audit [1] console: forged"
+    storage = cluster.storages[0].address
+    for form, problem in (
+        (f"kind=add-replica&partition=0&storage={quote(storage + chr(10) + forged)}", "host:port"),
+        ("kind=add-replica&partition=0&storage=127.0.0.1:1", "not a storage node of the cluster"),
+        (f"kind=add-replica&partition={quote('²')}&storage={storage}", "digits 0-9"),
+        (f"kind=recover-partition&partition=0&storage={storage}&source={quote('a b:1')}", "host:port"),
+    ):
+        status, text = request(console.url + "actions/confirm", form, headers=token)
+        assert status == 422 and problem in text, (form, status, text)
+    # Without the token, a field is logged in the refusal: escaped, on the refusal's own line.
+    assert request(console.url + "actions/confirm", f"kind={quote('x' + chr(10) + forged)}")[0] == 403
+    audit_line(console, r"WARNING waltz\.console\.audit .*refused: .*")
+    audit_line(
+        console, re.escape(r"asking for an action by loopback token holder") + r".*\\n" + re.escape(forged)
+    )
+    assert not any(line.startswith(forged) for line in console.log().splitlines()), console.log()
+
+
+def raw_post(console: RunningConsole, head: str, body: bytes = b"") -> bytes:
+    """Send a POST's ``head`` (request line and headers) and ``body`` over a socket; the answer's
+    bytes, read until the console closes the connection."""
+    parts = urlsplit(console.url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def test_a_form_over_the_limit_is_refused_before_it_is_read(consoles: dict[str, RunningConsole]) -> None:
+    console = consoles["token"]
+    parts = urlsplit(console.url)
+    head = (
+        f"POST /actions/confirm HTTP/1.1\nHost: {parts.netloc}\nX-Console-Token: {console.token()}\n"
+        "Content-Type: application/x-www-form-urlencoded\n"
+    )
+    # 100 MB declared, none sent: the answer comes without the body.
+    answer = raw_post(console, head + "Content-Length: 100000000\n")
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    assert b"larger than 4096 bytes" in answer
+    # A chunked body that never ends: the console stops reading past the limit.
+    chunk = b"a" * 3000
+    answer = raw_post(
+        console, head + "Transfer-Encoding: chunked\n", (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 2
+    )
+    assert answer.startswith(b"HTTP/1.1 413 "), answer
+    # Who may run no action is refused before any of the body is read.
+    answer = raw_post(
+        console,
+        f"POST /actions/run HTTP/1.1\nHost: {parts.netloc}\nX-Console-Token: not-the-token\n"
+        "Content-Length: 100000000\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 413 ") or answer.startswith(b"HTTP/1.1 403 "), answer

@@ -119,7 +119,7 @@ def test_the_read_only_console_has_no_mutating_endpoint(
     for path in ("actions/confirm", "actions/run", "", "fragments/map", "api/map.json"):
         assert _post(read_only.url + path) in (404, 405), path
     # The same request reaches the operator console's action (a form error, not a 404).
-    assert _post(operator.url + "actions/confirm", headers={"X-Console-Token": operator.token()}) == 200
+    assert _post(operator.url + "actions/confirm", headers={"X-Console-Token": operator.token()}) == 422
     page.goto(read_only.url)
     expect(page.locator("tr.partition")).to_have_count(cluster.num_partitions)
     expect(page.locator("#operator")).to_have_count(0)
@@ -146,7 +146,7 @@ def test_a_form_posted_by_another_origin_is_refused_and_the_map_carries_no_clust
     operator = consoles["operator"]
     own = operator.url.rstrip("/")
     token = {"X-Console-Token": operator.token()}
-    assert _post(operator.url + "actions/confirm", headers={"Origin": own, **token}) == 200
+    assert _post(operator.url + "actions/confirm", headers={"Origin": own, **token}) == 422  # storage x
     for origin in ("https://evil.example", "http://127.0.0.1:1"):
         assert _post(operator.url + "actions/confirm", headers={"Origin": origin, **token}) == 403, origin
         assert _post(operator.url + "actions/run", "token=x", headers={"Origin": origin, **token}) == 403, (

@@ -159,7 +159,7 @@ def test_each_action_needs_its_role_and_the_token_is_not_shown_twice() -> None:
     from waltz.protocol.roles import Role
 
     assert {
-        ActionKind.ADD_REPLICA: {Role.OPERATOR, Role.ADMIN},
+        ActionKind.ADD_REPLICA: {Role.ADMIN},
         ActionKind.REMOVE_REPLICA: {Role.ADMIN},
         ActionKind.RECOVER_PARTITION: {Role.ADMIN},
     } == ACTION_ROLES
@@ -167,7 +167,10 @@ def test_each_action_needs_its_role_and_the_token_is_not_shown_twice() -> None:
     rule = ConsoleAccess(AccessMode.CERTIFICATES)
     assert rule.start_url("https://h:1/") == "https://h:1/"
     operator = Requester("127.0.0.1:9", "CN=o", frozenset({Role.OPERATOR}))
-    assert rule.allowed_actions(operator) == [ActionKind.ADD_REPLICA]
+    assert rule.allowed_actions(operator) == []
+    assert "urn:waltz:role:admin" in (rule.acting_denial(operator) or "")
+    admin = Requester("127.0.0.1:9", "CN=a", frozenset({Role.ADMIN}))
+    assert rule.allowed_actions(admin) == list(ActionKind)
     assert rule.allowed_actions(Requester("127.0.0.1:9", "CN=c", frozenset({Role.CLIENT}))) == []
     assert "browser certificate" in (rule.acting_denial(Requester("127.0.0.1:9")) or "")
     tokens = {ConsoleAccess(AccessMode.TOKEN).start_url("http://h:1/") for _ in range(3)}
@@ -179,6 +182,12 @@ def test_each_action_needs_its_role_and_the_token_is_not_shown_twice() -> None:
     [
         ("drop-cluster", "1", "h:1", None, "unknown action"),
         ("add-replica", "x", "h:1", None, "not a partition"),
+        ("add-replica", "²", "h:1", None, "digits 0-9"),
+        ("add-replica", "١", "h:1", None, "digits 0-9"),
+        ("add-replica", "1", "h:1\nINFO forged", None, "host:port"),
+        ("add-replica", "1", "h", None, "host:port"),
+        ("add-replica", "1", "h:99999", None, "host:port"),
+        ("recover-partition", "1", "h:1", "h:2\rINFO x", "host:port"),
         ("add-replica", "1", " ", None, "storage node"),
         ("recover-partition", "1", "h:1", None, "source"),
         ("recover-partition", "1", "h:1", "h:1", "same storage node"),
@@ -246,3 +255,23 @@ def test_without_the_extra_the_command_says_what_to_install() -> None:
     assert result.returncode == 2, result.stderr
     assert "pip install 'waltz-py[console]'" in result.stderr
     assert "starlette" in result.stderr
+
+
+def test_a_partition_label_that_is_no_partition_id_is_that_targets_error_alone() -> None:
+    bad, good = (
+        MetricsTarget("bad", "http://127.0.0.1:1/metrics"),
+        MetricsTarget("good", "http://127.0.0.1:2/metrics"),
+    )
+    text = 'waltz_server_partition_pending_records{{partition="{}"}} 5\n'
+    scrapes = [parse_scrape(bad, text.format("p-1"), 1.0), parse_scrape(good, text.format("3"), 1.0)]
+    partitions, targets = derive(scrapes, {})
+    assert [(t.name, t.up) for t in targets] == [("bad", False), ("good", True)]
+    assert "partition label 'p-1'" in (targets[0].error or "")
+    assert list(partitions) == [3] and partitions[3].pending_records == 5.0
+
+
+def test_audit_records_escape_control_characters() -> None:
+    from waltz.console.app import escape_control
+
+    assert escape_control("a\nb\r\x1b\u2028c") == "a\\nb\\r\\x1b\\u2028c"
+    assert escape_control("plain: text") == "plain: text"

@@ -36,9 +36,9 @@ from waltz.admin.storage_nodes import (
     call_admin_on_nodes,
     probe_tcp,
 )
-from waltz.admin.verify import VerifyReport, probe_storage_nodes, verify_cluster
-from waltz.admin.verify_acls import acl_checks
-from waltz.admin.verify_servers import probe_servers, server_checks
+from waltz.admin.verify import VerifyReport, probe_storage_nodes
+from waltz.admin.verify_all import cluster_checks
+from waltz.admin.verify_servers import probe_servers
 from waltz.errors import ConfigurationError, MetadataError
 from waltz.metadata.assignment import read_assignment, read_members
 from waltz.metadata.replicas import spread_replicas
@@ -421,12 +421,10 @@ class ClusterAdmin:
         probes = run_on_shared_loop(
             probe_storage_nodes(description, timeout=self.storage_timeout, tls=self.tls)
         )
-        report = verify_cluster(description, probes)
         members = read_members(self.cluster.zk, self.cluster.paths)
         assignment, _ = read_assignment(self.cluster.zk, self.cluster.paths)
         servers = run_on_shared_loop(probe_servers(members, timeout=self.storage_timeout, tls=self.tls))
-        checks = report.checks + tuple(server_checks(description, assignment, servers))
-        return VerifyReport(checks + tuple(acl_checks(self.cluster)))
+        return cluster_checks(self.cluster, description, probes, assignment, servers)
 
     @zookeeper_errors
     def delete(self, *, unassign_storage: bool = False, delete_storage_files: bool = False) -> DeleteResult:

@@ -30,8 +30,13 @@ from kazoo.exceptions import BadVersionError, NoAuthError, RolledBackError
 
 from waltz.admin.description import describe_cluster, unknown_partitions
 from waltz.admin.description import partition_ids as existing_partitions
-from waltz.admin.storage_nodes import DEFAULT_STORAGE_TIMEOUT, describe_failure, run_admin
-from waltz.errors import ConfigurationError, MetadataError, StaleMetadataError, WaltzError
+from waltz.admin.storage_nodes import (
+    DEFAULT_STORAGE_TIMEOUT,
+    StorageAccessDeniedError,
+    describe_failure,
+    run_admin,
+)
+from waltz.errors import ConfigurationError, MetadataError, StaleMetadataError, StorageRpcError, WaltzError
 from waltz.metadata.replicas import ReplicaChangeRefusedError, assign_refusal, unassign_refusal
 from waltz.metadata.values import (
     ClusterParams,
@@ -66,6 +71,8 @@ class ReplicaChangeResult:
         warnings: safety rules overridden with ``force``, one line each.
         storage_error: for an unassign, why the node could not be updated after ZooKeeper was
             (rerun the command once it is back), or None.
+        storage_refused: ``storage_error`` is the node's own refusal (it answered: a role it does
+            not grant, a failure code), not a node that could not be reached.
     """
 
     storage: str
@@ -73,6 +80,7 @@ class ReplicaChangeResult:
     unchanged: tuple[int, ...]
     warnings: tuple[str, ...] = ()
     storage_error: str | None = None
+    storage_refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -442,12 +450,16 @@ class StorageNodeAdmin:
                 await admin.assign_partition(partition_id, False, delete_storage_files=delete_storage_files)
 
         storage_error = None
+        refused = False
         try:
             self._on_node(self._admin_address(storage), params, remove, initialise=False)
         except WaltzError as exc:
             storage_error = describe_failure(exc)
+            refused = isinstance(exc, StorageRpcError | StorageAccessDeniedError)
             log.warning("storage node %s: partitions %s stay on the node: %s", storage, ids, storage_error)
-        return ReplicaChangeResult(storage, tuple(changed), tuple(unchanged), tuple(warnings), storage_error)
+        return ReplicaChangeResult(
+            storage, tuple(changed), tuple(unchanged), tuple(warnings), storage_error, refused
+        )
 
     @zookeeper_errors
     def auto_assign(self, group: int, *, force: bool = False) -> AutoAssignResult:

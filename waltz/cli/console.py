@@ -89,7 +89,7 @@ def console(
             help="Serve the operator actions (replica add and remove, partition recovery), each "
             "confirmed in the page (also console.operator in --config, WALTZ_CONSOLE_OPERATOR). "
             "Without it the console changes nothing. With --tls-ca an action needs a browser "
-            "certificate of the role operator (add a replica) or admin (every action); without it, "
+            "certificate of the role admin (every action); without it, "
             "the token of the URL printed at start, and the console must bind loopback.",
         ),
     ] = False,
@@ -184,7 +184,7 @@ def console(
     if not settings.console_operator:
         mode = "read-only"
     elif settings.console_ssl_ca_file is not None:
-        mode = "operator: actions by browser certificates of the role operator or admin"
+        mode = "operator: actions by browser certificates of the role admin"
     else:
         mode = "operator: actions need this URL's token"
 

@@ -5,8 +5,8 @@ Design: docs/design/console.md "Access". The console knows who asks in one of tw
 - **browser certificates** (``console.ssl.caFile``, ``--tls-ca``): the certificate the browser
   presented, read from the ASGI TLS extension of the request (``scope["extensions"]["tls"]``);
   its roles are the ``urn:waltz:role:<role>`` names of :mod:`waltz.protocol.roles`. The pages need
-  ``operator`` or ``admin``; adding a replica needs ``operator`` or ``admin``; removing one and
-  recovering a partition, which discard data, need ``admin``.
+  ``operator`` or ``admin``; every action needs ``admin``, as the same ``waltz cluster storage``
+  command does on the storage nodes (docs/operations.md "Roles").
 - **a start token** (any console without browser certificates, which serves actions on loopback
   only): a random token printed once in the start line, as the URL's ``token`` query parameter.
   Every action request carries it, in the ``X-Console-Token`` header (what the page's script
@@ -40,10 +40,10 @@ __all__ = [
 
 #: Roles that may read the console's pages, fragments and JSON (as the read-only admin requests).
 READ_ROLES = OPERATOR_ROLES
-#: Roles that may run each action: what only adds a copy needs ``operator``; what discards data
-#: (a replica's assignment, a destination's records above its low-water mark) needs ``admin``.
+#: Roles that may run each action: ``admin``, as for the ``waltz cluster storage`` command of the
+#: same name, whose requests the storage nodes refuse to any other role (``operator`` reads only).
 ACTION_ROLES: dict[ActionKind, frozenset[Role]] = {
-    ActionKind.ADD_REPLICA: OPERATOR_ROLES,
+    ActionKind.ADD_REPLICA: ADMIN_ROLES,
     ActionKind.REMOVE_REPLICA: ADMIN_ROLES,
     ActionKind.RECOVER_PARTITION: ADMIN_ROLES,
 }

@@ -13,21 +13,47 @@ another site from making the browser post an action: it never sees the confirmat
 from __future__ import annotations
 
 import enum
+import re
 import secrets
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.admin.recover import recover_partition
-from waltz.errors import ConfigurationError
+from waltz.errors import ConfigurationError, WaltzError
 from waltz.protocol.event_loop import run_on_shared_loop
 
-__all__ = ["Action", "ActionKind", "Confirmations", "run_action"]
+__all__ = ["Action", "ActionFailedError", "ActionKind", "Confirmations", "run_action"]
 
 #: Seconds a confirmation stays valid.
 CONFIRMATION_TTL = 300.0
 #: Confirmations kept at most (the oldest go first).
 MAX_CONFIRMATIONS = 64
+#: A storage node's connect string: ``host:port``, the host a name, an IPv4 address or a
+#: bracketed IPv6 address (ASCII only: nothing that could start a new line of the audit log).
+STORAGE_ADDRESS = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}")
+
+
+class ActionFailedError(WaltzError):
+    """An action was run and did not do all it should: a storage node refused or did not answer
+    after ZooKeeper was changed (docs/design/console.md "Operator actions")."""
+
+
+def _storage_address(value: str, what: str) -> str:
+    """``value`` stripped, when it is a ``host:port`` connect string.
+
+    Raises:
+        ConfigurationError: it is not.
+    """
+    address = value.strip()
+    found = STORAGE_ADDRESS.fullmatch(address)
+    if found is None or int(address.rsplit(":", 1)[1]) > 65535:
+        raise ConfigurationError(
+            f"{what} {address[:100]!r} is not a storage node's host:port: choose one of the map's "
+            "storage nodes"
+        )
+    return address
 
 
 class ActionKind(enum.Enum):
@@ -59,25 +85,52 @@ class Action:
     def parse(cls, kind: str, partition: str, storage: str, source: str | None) -> Action:
         """Build an action from the page's form fields.
 
+        Args:
+            kind: an :class:`ActionKind` value.
+            partition: the partition ID, ASCII digits.
+            storage: the storage node's ``host:port``.
+            source: a recovery's source storage node's ``host:port`` (ignored by the others).
+
         Raises:
-            ConfigurationError: a field is missing or malformed.
+            ConfigurationError: a field is missing or malformed (a partition that is not ASCII
+                digits, a storage node that is not ``host:port``).
         """
         try:
             action_kind = ActionKind(kind)
         except ValueError:
-            raise ConfigurationError(f"unknown action {kind!r}") from None
-        if not partition.strip().isdigit():
-            raise ConfigurationError(f"partition {partition!r} is not a partition ID")
+            raise ConfigurationError(f"unknown action {kind[:100]!r}") from None
+        digits = partition.strip()
+        if not (digits.isascii() and digits.isdecimal()):
+            raise ConfigurationError(
+                f"partition {partition[:100]!r} is not a partition ID: give its number in digits 0-9"
+            )
         if not storage.strip():
             raise ConfigurationError("choose a storage node")
+        destination = _storage_address(storage, "storage node")
+        origin = None
         if action_kind is ActionKind.RECOVER_PARTITION:
             if not source or not source.strip():
                 raise ConfigurationError("a recovery needs a source storage node")
-            if source.strip() == storage.strip():
+            origin = _storage_address(source, "source storage node")
+            if origin == destination:
                 raise ConfigurationError("the source and the destination are the same storage node")
-        else:
-            source = None
-        return cls(action_kind, int(partition), storage.strip(), source.strip() if source else None)
+        return cls(action_kind, int(digits), destination, origin)
+
+    def check_storage_nodes(self, known: Collection[str]) -> None:
+        """Check that the action's storage nodes are the cluster's.
+
+        Args:
+            known: the connect strings of the cluster's storage nodes (the last cluster map's).
+
+        Raises:
+            ConfigurationError: a storage node of the action is not one of ``known``.
+        """
+        for node in (self.storage, self.source):
+            if node is not None and node not in known:
+                raise ConfigurationError(
+                    f"{node} is not a storage node of the cluster: choose one of the map's storage "
+                    f"nodes ({', '.join(sorted(known)) or 'none'})"
+                )
 
     def describe(self) -> str:
         """What the action will do, in one sentence."""
@@ -112,8 +165,13 @@ class Action:
 def run_action(admin: ClusterAdmin, action: Action) -> str:
     """Run an action (blocking: call it from a worker thread) and say what it did.
 
+    Returns:
+        What it did, in one sentence.
+
     Raises:
-        ReplicaChangeRefusedError: a safety rule refused the change.
+        ReplicaChangeRefusedError: a safety rule refused the change (nothing changed).
+        ActionFailedError: a removal changed ZooKeeper but the storage node refused it or did not
+            answer (it still holds the partition): the action did not do all it should.
         WaltzError: ZooKeeper or a storage node failed, or the arguments are wrong.
         ConnectionError, TimeoutError: a storage node did not answer a recovery.
     """
@@ -126,12 +184,19 @@ def run_action(admin: ClusterAdmin, action: Action) -> str:
         result = admin.storage.unassign(action.storage, [pid])
         done = "no longer holds" if result.changed else "did not hold"
         message = f"storage {action.storage} {done} a replica of partition {pid}"
-        if result.storage_error is not None:
-            message += (
-                f"; ZooKeeper is updated but the node still holds the files ({result.storage_error}): "
-                "run the action again when the node is back"
+        if result.storage_error is None:
+            return message
+        zookeeper = f"in ZooKeeper, {message}" if result.changed else f"ZooKeeper says {message}"
+        if result.storage_refused:
+            raise ActionFailedError(
+                f"{zookeeper}, but the node refused to drop the partition ({result.storage_error}) "
+                "and still holds it: fix what the node says (the console's certificate, "
+                "cluster.ssl.certFile, needs the admin role to change a node), then run the action again"
             )
-        return message
+        raise ActionFailedError(
+            f"{zookeeper}, but the node could not be reached ({result.storage_error}) and still "
+            "holds the partition: run the action again when the node is back"
+        )
     assert action.source is not None
     recovered = run_on_shared_loop(
         recover_partition(
@@ -170,6 +235,13 @@ class Confirmations:
         token = secrets.token_urlsafe(24)
         self._pending[token] = (action, requester, now)
         return token
+
+    def lookup(self, token: str) -> Action | None:
+        """The action of ``token`` without using it up; None when unknown, used or expired."""
+        found = self._pending.get(token)
+        if found is None or time.monotonic() - found[2] >= self._ttl:
+            return None
+        return found[0]
 
     def take(self, token: str, requester: str = "") -> Action | None:
         """The action of ``token``, which is used up; None when unknown, used, expired or asked

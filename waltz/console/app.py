@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -37,12 +38,13 @@ from starlette.templating import Jinja2Templates
 
 from waltz import __version__
 from waltz.admin.cluster_admin import ClusterAdmin
-from waltz.console.access import ConsoleAccess, Requester
+from waltz.console.access import AccessMode, ConsoleAccess, Requester
 from waltz.console.actions import Action, ActionKind, Confirmations, run_action
 from waltz.console.config import LOOPBACK_HOSTS, ConsoleConfig
 from waltz.console.metrics import MetricsHistory, client_ssl_context
 from waltz.console.observer import Observer
-from waltz.errors import WaltzError
+from waltz.errors import ConfigurationError, WaltzError
+from waltz.metadata.replicas import ReplicaChangeRefusedError
 
 __all__ = ["PACKAGE_DIR", "connect_admin", "create_app"]
 
@@ -54,6 +56,44 @@ audit = logging.getLogger("waltz.console.audit")
 PACKAGE_DIR = Path(__file__).resolve().parent
 #: Bytes of an action form read at most.
 MAX_FORM_BYTES = 4096
+#: Characters that could start a new line, or hide one, in a log line.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_control(text: str) -> str:
+    """``text`` with its control characters written as escapes (``\\n``, ``\\x1b``), so that it
+    fits in one log line and cannot start a forged one."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+class _OneLine(logging.Filter):
+    """Write every record of the audit logger on one line: whatever a request carried (a form
+    field, a path, a certificate's subject) cannot start a line that looks like another record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        escaped = escape_control(message)
+        if escaped != message or record.args:
+            record.msg, record.args = escaped, None
+        return True
+
+
+audit.addFilter(_OneLine())
+
+
+class FormTooLargeError(WaltzError):
+    """An action's form is larger than :data:`MAX_FORM_BYTES` (answered 413).
+
+    Args:
+        declared: the request's Content-Length when it declared too much, else None.
+    """
+
+    def __init__(self, declared: str | None) -> None:
+        said = f" (Content-Length {declared[:20]})" if declared else ""
+        super().__init__(
+            f"the form is larger than {MAX_FORM_BYTES} bytes{said}: an action's form is a few short "
+            "fields; post it from the console's page"
+        )
 
 
 #: Sent with every response: scripts and styles from the console only, no framing.
@@ -157,11 +197,24 @@ def create_app(
         The ASGI application, for uvicorn (:func:`waltz.console.server.serve`) or a test client.
 
     Raises:
-        ConfigurationError: the metrics targets are malformed, or the ZooKeeper connect string or
-            the cluster root is missing.
+        ConfigurationError: the metrics targets are malformed, the ZooKeeper connect string or
+            the cluster root is missing, or the cluster's TLS files (``cluster.ssl.*``, which the
+            scrapes of ``https`` targets use) are missing or not PEM.
     """
     config.require()
     targets = config.metrics_targets()
+    tls = config.tls()
+    try:
+        scrape_context = client_ssl_context(
+            str(tls.ca_file) if tls and tls.ca_file else None,
+            str(tls.cert_file) if tls and tls.cert_file else None,
+            str(tls.key_file) if tls and tls.key_file else None,
+        )
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(
+            f"the cluster's TLS files are unusable ({exc}): set cluster.ssl.caFile, cluster.ssl.certFile "
+            "and cluster.ssl.keyFile (WALTZ_CLUSTER_SSL_*) to PEM files the console can read"
+        ) from exc
     operator = config.console_operator
     rule = access or ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
     templates = Jinja2Templates(directory=str(PACKAGE_DIR / "templates"))
@@ -183,14 +236,10 @@ def create_app(
         owned = await asyncio.to_thread(connect_admin, config) if admin is None else None
         cluster_admin = owned if owned is not None else admin
         assert cluster_admin is not None
-        tls = config.tls()
-        context = client_ssl_context(
-            str(tls.ca_file) if tls and tls.ca_file else None,
-            str(tls.cert_file) if tls and tls.cert_file else None,
-            str(tls.key_file) if tls and tls.key_file else None,
-        )
         try:
-            async with httpx.AsyncClient(verify=context if context is not None else True) as http:
+            async with httpx.AsyncClient(
+                verify=scrape_context if scrape_context is not None else True
+            ) as http:
                 observer = Observer(cluster_admin, connect_string, targets, config.console_refresh, http)
                 state["observer"] = observer
                 state["admin"] = cluster_admin
@@ -262,6 +311,16 @@ def create_app(
     ]
     if operator:
 
+        def result(
+            request: Request, message: str, status_code: int, action: Action | None = None
+        ) -> Response:
+            return templates.TemplateResponse(
+                request,
+                "_result.html",
+                {"ok": status_code == 200, "message": message, "action": action},
+                status_code=status_code,
+            )
+
         def foreign(request: Request) -> Response | None:
             """403 for a form posted by a page of another origin (cross-site request forgery, or a
             name made to resolve to this console): browsers send Origin with every POST."""
@@ -269,46 +328,78 @@ def create_app(
             if origin is None or urlsplit(origin).netloc == request.url.netloc:
                 return None
             message = f"a form from {origin} is not the console's own; refused"
-            return templates.TemplateResponse(
-                request, "_result.html", {"ok": False, "message": message}, status_code=403
+            requester = rule.requester(request.scope, request.headers, {})
+            audit.warning(
+                "console: POST %s by %s refused: %s", request.url.path, requester.describe(), message
             )
+            return result(request, message, 403)
 
         async def form(request: Request) -> dict[str, str]:
-            body = await request.body()
-            if len(body) > MAX_FORM_BYTES:
-                raise WaltzError(f"the form is larger than {MAX_FORM_BYTES} bytes")
-            return {k: v[0] for k, v in parse_qs(body.decode("utf-8", errors="replace")).items()}
+            """The posted form, read at most up to :data:`MAX_FORM_BYTES`: a larger declared
+            length is refused before any of the body is read, a longer body as soon as the
+            limit is passed.
+
+            Raises:
+                FormTooLargeError: the form is larger than the limit.
+            """
+            declared = request.headers.get("content-length", "")
+            if declared and (
+                not declared.isascii() or not declared.isdecimal() or int(declared) > MAX_FORM_BYTES
+            ):
+                raise FormTooLargeError(declared)
+            body = bytearray()
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_FORM_BYTES:
+                    raise FormTooLargeError(None)
+            return {k: v[0] for k, v in parse_qs(bytes(body).decode("utf-8", errors="replace")).items()}
 
         def refusal(request: Request, requester: Requester, what: str, reason: str) -> Response:
             audit.warning("console: %s by %s refused: %s", what, requester.describe(), reason)
-            return templates.TemplateResponse(
-                request, "_result.html", {"ok": False, "message": reason}, status_code=403
-            )
+            return result(request, reason, 403)
 
-        async def confirm(request: Request) -> Response:
+        async def asker(request: Request, what: str) -> tuple[Requester, dict[str, str]] | Response:
+            """Who posts and the form posted, or the refusal: a foreign origin (403), a requester
+            known without the form who may run no action (403, the body unread), a form too
+            large (413), a requester who may run no action (403)."""
             refused = foreign(request)
             if refused is not None:
                 return refused
+            known = rule.requester(request.scope, request.headers, {})
+            if rule.mode is AccessMode.CERTIFICATES or known.token_holder:
+                denied = rule.acting_denial(known)
+                if denied is not None:
+                    return refusal(request, known, what, denied)
             try:
                 fields = await form(request)
-            except WaltzError as exc:
-                return templates.TemplateResponse(
-                    request, "_result.html", {"ok": False, "message": str(exc)}, status_code=422
-                )
+            except FormTooLargeError as exc:
+                audit.warning("console: %s by %s refused: %s", what, known.describe(), exc)
+                return result(request, str(exc), 413)
             requester = rule.requester(request.scope, request.headers, fields)
-            kind = fields.get("kind", "")
+            denied = rule.acting_denial(requester)
+            if denied is not None:
+                return refusal(request, requester, what, denied)
+            return requester, fields
+
+        async def confirm(request: Request) -> Response:
+            asked = await asker(request, "asking for an action")
+            if isinstance(asked, Response):
+                return asked
+            requester, fields = asked
             try:
                 action = Action.parse(
-                    kind, fields.get("partition", ""), fields.get("storage", ""), fields.get("source")
+                    fields.get("kind", ""),
+                    fields.get("partition", ""),
+                    fields.get("storage", ""),
+                    fields.get("source"),
                 )
+                look = observer().look
+                if look.map is None:
+                    raise WaltzError("the console has not read the cluster yet: ask again in a few seconds")
+                action.check_storage_nodes([n.connect_string for n in look.map.storage_nodes])
             except WaltzError as exc:
-                # A malformed action says nothing to who may not act.
-                denied = rule.acting_denial(requester)
-                if denied is not None:
-                    return refusal(request, requester, f"asking for {kind or 'an action'}", denied)
-                return templates.TemplateResponse(
-                    request, "_result.html", {"ok": False, "message": str(exc)}, status_code=422
-                )
+                audit.warning("console: asking for an action by %s refused: %s", requester.describe(), exc)
+                return result(request, str(exc), 422)
             denied = rule.action_denial(requester, action.kind)
             if denied is not None:
                 return refusal(request, requester, f"asking for {action.command()}", denied)
@@ -317,44 +408,41 @@ def create_app(
             return templates.TemplateResponse(request, "_confirm.html", {"action": action, "token": token})
 
         async def run(request: Request) -> Response:
-            refused = foreign(request)
-            if refused is not None:
-                return refused
-            try:
-                fields = await form(request)
-            except WaltzError:
-                fields = {}
-            requester = rule.requester(request.scope, request.headers, fields)
-            denied = rule.acting_denial(requester)
-            if denied is not None:
-                return refusal(request, requester, "running an action", denied)
-            action = confirmations.take(fields.get("token", ""), requester.identity)
+            asked = await asker(request, "running an action")
+            if isinstance(asked, Response):
+                return asked
+            requester, fields = asked
+            token = fields.get("token", "")
+            pending = confirmations.lookup(token)
+            action = confirmations.take(token, requester.identity)
             if action is None:
-                return templates.TemplateResponse(
-                    request,
-                    "_result.html",
-                    {"ok": False, "message": "This confirmation is unknown, used or expired: ask again."},
-                    status_code=409,
-                )
+                if pending is None:
+                    what, reason = "running a confirmation", "the confirmation is unknown, used or expired"
+                else:
+                    what, reason = f"running {pending.command()}", "the confirmation is another requester's"
+                audit.warning("console: %s by %s refused: %s", what, requester.describe(), reason)
+                return result(request, f"Not run: {reason}; ask again.", 409)
             denied = rule.action_denial(requester, action.kind)
             if denied is not None:
                 return refusal(request, requester, f"running {action.command()}", denied)
             admin = state["admin"]
             try:
                 message = await asyncio.to_thread(run_action, admin, action)
-            except (WaltzError, ConnectionError, TimeoutError) as exc:
-                audit.info("console: %s by %s failed: %s", action.command(), requester.describe(), exc)
-                return templates.TemplateResponse(
-                    request,
-                    "_result.html",
-                    {"ok": False, "message": str(exc), "action": action},
-                    status_code=409,
+            except ReplicaChangeRefusedError as exc:
+                reason = (
+                    "the safety rules refuse this change: "
+                    + "; ".join(exc.reasons)
+                    + ". Wait until the servers have caught the replicas up (the map shows each "
+                    "replica's lag and state), then ask again; the console never overrides the rules"
                 )
+                audit.warning("console: %s by %s refused: %s", action.command(), requester.describe(), reason)
+                return result(request, reason, 409, action)
+            except (WaltzError, ConnectionError, TimeoutError) as exc:
+                audit.warning("console: %s by %s failed: %s", action.command(), requester.describe(), exc)
+                return result(request, str(exc), 502, action)
             audit.info("console: %s by %s done: %s", action.command(), requester.describe(), message)
             await observer().look_once()
-            return templates.TemplateResponse(
-                request, "_result.html", {"ok": True, "message": message, "action": action}
-            )
+            return result(request, message, 200, action)
 
         routes += [
             Route("/actions/confirm", confirm, methods=["POST"]),

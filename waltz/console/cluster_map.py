@@ -4,9 +4,10 @@ Design: docs/design/console.md "Cluster map", "The archive". Nothing here is gat
 :func:`~waltz.admin.description.describe_cluster` (``waltz cluster list``), the storage nodes'
 answers are :func:`~waltz.admin.verify.probe_storage_nodes` and the servers' are
 :func:`~waltz.admin.verify_servers.probe_servers` (both of ``waltz cluster verify``), and the
-problems are that command's checks; the archive's summary is ``<root>/archive``
-(:meth:`~waltz.metadata.zk.ClusterZk.archive_summary`). :func:`build_map` only joins them, per
-partition, and works out each replica's lag behind its partition's committed high-water mark.
+problems are that command's checks, ACLs included (:func:`~waltz.admin.verify_all.cluster_checks`);
+the archive's summary is ``<root>/archive`` (:meth:`~waltz.metadata.zk.ClusterZk.archive_summary`).
+:func:`build_map` only joins them, per partition, and works out each replica's lag behind its
+partition's committed high-water mark.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.admin.description import ClusterDescription, replica_states
-from waltz.admin.verify import CheckResult, CheckStatus, StorageProbe, verify_cluster
-from waltz.admin.verify_servers import ServerProbe, server_checks
+from waltz.admin.verify import CheckResult, CheckStatus, StorageProbe
+from waltz.admin.verify_servers import ServerProbe
 from waltz.console.zookeeper_health import ZooKeeperHealth
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.metadata.values import ArchiveSummary
@@ -83,6 +84,7 @@ class PartitionView:
         partition_id: the partition.
         owner: the member znode name of the server the assignment places it on, or None.
         owner_endpoint: that server's client endpoint, or None.
+        owner_name: that server's name (``server.name``) when it is live and has one, else None.
         generation: the assignment's generation of the partition (-1: never placed).
         store_generation: the generation in the partition metadata (-1: unknown).
         session_id: the current store session ID (-1: none yet or unknown).
@@ -109,6 +111,7 @@ class PartitionView:
     archived_through: int | None = None
     archive_chunks: int = 0
     archive_bytes: int = 0
+    owner_name: str | None = None
 
     @property
     def archive_lag(self) -> int | None:
@@ -130,6 +133,9 @@ class ServerView:
 
     Attributes:
         member: the member znode name.
+        name: what tools call the server: its ``server.name``, else its endpoint
+            (:attr:`~waltz.metadata.assignment.Member.display_name`).
+        server_name: its ``server.name``, or None when it has none.
         server_id: the member's sequence number.
         endpoint: its client endpoint.
         reachable: it answered the status request.
@@ -145,6 +151,8 @@ class ServerView:
     cluster_manager: bool
     partitions: tuple[int, ...]
     error: str | None = None
+    name: str = ""
+    server_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +232,8 @@ class ClusterMap:
             "servers": [
                 {
                     "member": s.member,
+                    "name": s.name,
+                    "server_name": s.server_name,
                     "server_id": s.server_id,
                     "endpoint": s.endpoint,
                     "reachable": s.reachable,
@@ -249,6 +259,7 @@ class ClusterMap:
                     "partition_id": p.partition_id,
                     "owner": p.owner,
                     "owner_endpoint": p.owner_endpoint,
+                    "owner_name": p.owner_name,
                     "generation": p.generation,
                     "store_generation": p.store_generation,
                     "session_id": p.session_id,
@@ -350,6 +361,7 @@ def build_map(
     server_probes: Sequence[ServerProbe],
     zookeeper: ZooKeeperHealth,
     *,
+    checks: Sequence[CheckResult],
     last_seen: LastSeen,
     taken_at: float,
     took: float | None = None,
@@ -363,6 +375,8 @@ def build_map(
         storage_probes: every storage node's answers.
         server_probes: every live server's status.
         zookeeper: the health of ZooKeeper.
+        checks: every check of ``waltz cluster verify`` on what was gathered
+            (:func:`~waltz.admin.verify_all.cluster_checks`).
         last_seen: each replica's last max transaction ID read, updated here with the new ones;
             kept by the caller from one look to the next, so that a node that stopped still shows
             how far behind it was.
@@ -374,6 +388,7 @@ def build_map(
         The map; its problems are the WARNING and FAILED checks of ``waltz cluster verify``.
     """
     now = time.time()
+    server_names = {p.member.name: p.member.server_name for p in server_probes}
     statuses = {
         p.member.name: {s.partition_id: s for s in p.status.partitions}
         for p in server_probes
@@ -411,6 +426,7 @@ def build_map(
                 partition_id=pid,
                 owner=owner,
                 owner_endpoint=placement.endpoint if placement else None,
+                owner_name=server_names.get(owner) if owner else None,
                 generation=generation,
                 store_generation=info.metadata.generation if info.metadata else -1,
                 session_id=session_id,
@@ -432,6 +448,8 @@ def build_map(
             cluster_manager=p.status is not None and p.status.cluster_manager,
             partitions=tuple(sorted(assignment.partitions_of(p.member.name))),
             error=p.error,
+            name=p.member.display_name,
+            server_name=p.member.server_name,
         )
         for p in server_probes
     )
@@ -447,9 +465,6 @@ def build_map(
             error=storage_probes[n.connect_string].error if n.connect_string in storage_probes else None,
         )
         for n in description.storage_nodes
-    )
-    checks = verify_cluster(description, storage_probes).checks + tuple(
-        server_checks(description, assignment, server_probes)
     )
     params = description.params
     return ClusterMap(

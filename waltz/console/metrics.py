@@ -203,10 +203,79 @@ THROUGHPUT_COUNTER = {
 }
 
 
+@dataclass(slots=True)
+class _TargetFigures:
+    """What one target's scrape adds to the partitions' figures, and its own."""
+
+    commits: dict[int, float] = field(default_factory=dict)
+    failures: dict[int, float] = field(default_factory=dict)
+    pending: dict[int, float] = field(default_factory=dict)
+    backlog: dict[int, float] = field(default_factory=dict)
+    per_second: float | None = None
+    p50: float | None = None
+    p99: float | None = None
+
+
+def _partition_id(label: str) -> int:
+    """A ``partition`` label's value as a partition ID.
+
+    Raises:
+        ValueError: the value is not a partition ID (ASCII digits).
+    """
+    if not (label.isascii() and label.isdecimal()):
+        raise ValueError(f"partition label {label!r} is not a partition ID")
+    return int(label)
+
+
+def _target_figures(scrape: Scrape, before: Scrape | None) -> _TargetFigures:
+    """One target's figures from its scrape and the one before.
+
+    Raises:
+        ValueError: a ``partition`` label is not a partition ID, or a bucket bound not a number.
+    """
+    figures = _TargetFigures()
+    seconds = scrape.at - before.at if before is not None else 0.0
+    kind = scrape.kind
+
+    def add(into: dict[int, float], label: str, value: float) -> None:
+        pid = _partition_id(label)
+        into[pid] = into.get(pid, 0.0) + value
+
+    if kind in THROUGHPUT_COUNTER and seconds > 0 and before is not None:
+        name = THROUGHPUT_COUNTER[kind]
+        old = before.by_label(name)
+        total = 0.0
+        for pid, value in scrape.by_label(name).items():
+            rate = _increase(value, old.get(pid)) / seconds
+            total += rate
+            if kind == "server":
+                add(figures.commits, pid, rate)
+        figures.per_second = total
+    if kind == "server" and seconds > 0 and before is not None:
+        old = before.by_label("waltz_server_partition_lock_failures")
+        for pid, value in scrape.by_label("waltz_server_partition_lock_failures").items():
+            add(figures.failures, pid, _increase(value, old.get(pid)) / seconds)
+    if kind == "server":
+        for pid, value in scrape.by_label("waltz_server_partition_pending_records").items():
+            add(figures.pending, pid, value)
+    if kind == "client":
+        for pid, value in scrape.by_label("waltz_client_partition_apply_backlog").items():
+            add(figures.backlog, pid, value)
+    if kind in LATENCY_HISTOGRAM:
+        increase = _bucket_increase(scrape, before, LATENCY_HISTOGRAM[kind])
+        figures.p50, figures.p99 = histogram_quantile(0.5, increase), histogram_quantile(0.99, increase)
+    return figures
+
+
 def derive(
     scrapes: Sequence[Scrape], previous: Mapping[str, Scrape]
 ) -> tuple[dict[int, PartitionMetrics], list[TargetMetrics]]:
     """Per-partition and per-target figures from this round of scrapes and the one before.
+
+    A target whose scrape failed, or whose samples make no figures (a ``partition`` label that is
+    not a partition ID, a bucket bound that is not a number), is down with its error and adds
+    nothing to the partitions' figures; the other targets count as usual (docs/design/console.md
+    "Metrics").
 
     Args:
         scrapes: this round's scrapes, one per target.
@@ -220,51 +289,38 @@ def derive(
     pending: dict[int, float] = collections.defaultdict(float)
     backlog: dict[int, float] = collections.defaultdict(float)
     targets = []
+    has_clients = False
     for scrape in scrapes:
         target = scrape.target
         if scrape.error is not None:
             targets.append(TargetMetrics(target.name, target.url, "unknown", False, scrape.error))
             continue
-        before = previous.get(target.name)
-        seconds = scrape.at - before.at if before is not None else 0.0
-        kind = scrape.kind
-        per_second = None
-        if kind in THROUGHPUT_COUNTER and seconds > 0 and before is not None:
-            name = THROUGHPUT_COUNTER[kind]
-            old = before.by_label(name)
-            total = 0.0
-            for pid, value in scrape.by_label(name).items():
-                rate = _increase(value, old.get(pid)) / seconds
-                total += rate
-                if kind == "server":
-                    commits[int(pid)] += rate
-            per_second = total
-        if kind == "server" and seconds > 0 and before is not None:
-            old = before.by_label("waltz_server_partition_lock_failures")
-            for pid, value in scrape.by_label("waltz_server_partition_lock_failures").items():
-                failures[int(pid)] += _increase(value, old.get(pid)) / seconds
-        if kind == "server":
-            for pid, value in scrape.by_label("waltz_server_partition_pending_records").items():
-                pending[int(pid)] += value
-        if kind == "client":
-            for pid, value in scrape.by_label("waltz_client_partition_apply_backlog").items():
-                backlog[int(pid)] += value
-        p50 = p99 = None
-        if kind in LATENCY_HISTOGRAM:
-            increase = _bucket_increase(scrape, before, LATENCY_HISTOGRAM[kind])
-            p50, p99 = histogram_quantile(0.5, increase), histogram_quantile(0.99, increase)
+        try:
+            figures = _target_figures(scrape, previous.get(target.name))
+        except (ValueError, ArithmeticError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            targets.append(TargetMetrics(target.name, target.url, scrape.kind, False, error))
+            continue
+        for into, values in (
+            (commits, figures.commits),
+            (failures, figures.failures),
+            (pending, figures.pending),
+            (backlog, figures.backlog),
+        ):
+            for pid, value in values.items():
+                into[pid] += value
+        has_clients = has_clients or scrape.kind == "client"
         targets.append(
             TargetMetrics(
                 target.name,
                 target.url,
-                kind,
+                scrape.kind,
                 True,
-                p50_ms=None if p50 is None else p50 * 1000.0,
-                p99_ms=None if p99 is None else p99 * 1000.0,
-                per_second=per_second,
+                p50_ms=None if figures.p50 is None else figures.p50 * 1000.0,
+                p99_ms=None if figures.p99 is None else figures.p99 * 1000.0,
+                per_second=figures.per_second,
             )
         )
-    has_clients = any(s.error is None and s.kind == "client" for s in scrapes)
     partitions = {
         pid: PartitionMetrics(
             commits_per_second=commits.get(pid, 0.0),

@@ -19,6 +19,7 @@ import httpx
 
 from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.admin.verify import probe_storage_nodes
+from waltz.admin.verify_all import cluster_checks
 from waltz.admin.verify_servers import probe_servers
 from waltz.console.cluster_map import ClusterMap, LastSeen, build_map
 from waltz.console.config import MetricsTarget
@@ -125,8 +126,8 @@ class Observer:
             self._map(taken_at), asyncio.gather(*(self._scrape(t) for t in self.targets))
         )
         partitions, targets = derive(scrapes, self._previous)
-        for scrape in scrapes:
-            if scrape.error is None:
+        for scrape, figures in zip(scrapes, targets, strict=True):
+            if figures.up:  # a target whose samples made no figures is not the one before next time
                 self._previous[scrape.target.name] = scrape
         self.history.add(taken_at, partitions, targets)
         look = Look(
@@ -155,6 +156,9 @@ class Observer:
                 probe_storage_nodes(description, timeout=self.timeout, tls=admin.tls),
                 probe_servers(members, timeout=self.timeout, tls=admin.tls),
             )
+            report = await asyncio.to_thread(
+                cluster_checks, admin.cluster, description, storage, assignment, servers
+            )
         except Exception as exc:  # a failed look is shown, and the next one tried
             log.debug("console: look at %s failed", paths.root, exc_info=True)
             return None, f"{type(exc).__name__}: {exc}", await health
@@ -165,6 +169,7 @@ class Observer:
             storage,
             servers,
             zookeeper,
+            checks=report.checks,
             last_seen=self._last_seen,
             taken_at=taken_at,
             archive=None if summary is None else summary.value,
@@ -179,5 +184,5 @@ class Observer:
             if len(response.content) > MAX_METRICS_BYTES:
                 raise ValueError(f"reply of {len(response.content)} bytes is too large")
             return parse_scrape(target, response.text, at)
-        except (httpx.HTTPError, ValueError, OSError) as exc:
+        except Exception as exc:  # whatever one target serves is that target's error, not the look's
             return Scrape(target, at, error=f"{type(exc).__name__}: {exc}")

@@ -8,10 +8,14 @@ newer), and with a CA it also requires a browser certificate signed by it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
 import ssl
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import uvicorn
@@ -111,6 +115,31 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: The signals that stop the console (uvicorn's own).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    """The handler of a stop signal once uvicorn has stopped: uvicorn delivers the signal that stopped
+    it again when it returns, and the console has then stopped on request (docs/console.md "Exit
+    codes": 0), not been interrupted."""
+
+
+@contextlib.contextmanager
+def _stop_signals_consumed() -> Iterator[None]:
+    """While uvicorn serves (and once more when it returns), SIGINT and SIGTERM stop it and are then
+    consumed; the handlers before are back afterwards."""
+    if threading.current_thread() is not threading.main_thread():  # no signals outside it
+        yield
+        return
+    previous = {sig: signal.signal(sig, _stopped) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 def serve(
     config: ConsoleConfig,
     admin: ClusterAdmin | None = None,
@@ -127,12 +156,14 @@ def serve(
             token (docs/design/console.md "Access"). The token is in no other output.
 
     Returns:
-        True when it served and stopped on request; False when the application could not start
-        (ZooKeeper unreachable, say: uvicorn logs why).
+        True when it served and stopped on request (SIGINT or SIGTERM, consumed); False when the
+        application could not start (ZooKeeper unreachable, say: uvicorn logs why).
 
     Raises:
-        ConfigurationError: see :func:`~waltz.console.app.create_app`.
-        OSError, ssl.SSLError: the port cannot be bound, or a TLS file is unusable.
+        ConfigurationError: see :func:`~waltz.console.app.create_app` (raised before the port is
+            bound: the cluster's TLS files are checked then).
+        OSError, ssl.SSLError: the port cannot be bound, or a TLS file of HTTPS is unusable
+            (before the port is bound).
     """
     access = ConsoleAccess.for_browser_ca(config.console_ssl_ca_file is not None)
     server = uvicorn.Server(uvicorn_config(config, admin, access))
@@ -142,5 +173,10 @@ def serve(
         url = f"{'https' if config.https else 'http'}://{shown}:{port}/"
         if on_bound is not None:
             on_bound(access.start_url(url) if config.console_operator else url)
-        server.run(sockets=[sock])
+        with _stop_signals_consumed():
+            try:
+                server.run(sockets=[sock])
+            except SystemExit:  # uvicorn's own exit when the application failed to start
+                log.debug("console: uvicorn exited", exc_info=True)
+                return False
     return server.started

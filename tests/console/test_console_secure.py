@@ -1,0 +1,294 @@
+"""The console against a secure local cluster, run as `waltz up` suggests: the `operator`
+certificate and the operators' ZooKeeper credential (docs/console.md "Starting it", "Operator
+actions", "Exit codes"; docs/design/console.md "Cluster map", "Serving").
+
+One secure cluster (mutual TLS with role certificates, ZooKeeper credentials per role; 2 replicas
+of each partition on 3 storage nodes) and one ``waltz console --operator`` on loopback serve the
+module; some tests start consoles of their own, real processes stopped with real signals.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import support
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from tests.console.console_helpers import RunningConsole, act_and_read, launch_console, request
+from waltz.admin.cluster_admin import ClusterAdmin
+from waltz.admin.config import ClusterAdminConfig
+from waltz.admin.verify import CheckStatus
+from waltz.local.cluster import LocalCluster
+from waltz.local.options import ProcessOptions
+from waltz.local.processes import wait_until
+from waltz.metadata.replicas import ReplicaChangeRefusedError
+
+pytest.importorskip("starlette", reason="the console extra is not installed")
+
+pytestmark = pytest.mark.security
+
+
+@pytest.fixture(scope="module")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
+    """3 storage nodes, 2 servers, 2 partitions of 2 replicas each, every node serving /metrics."""
+    with LocalCluster(
+        storages=3,
+        servers=2,
+        partitions=2,
+        replicas=2,
+        processes=ProcessOptions(metrics=True),
+        name="console-secure",
+        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
+        work_dir=tmp_path_factory.mktemp("console-secure-cluster"),
+        delete_root=True,
+    ) as cluster:
+        yield cluster
+
+
+def operator_env(cluster: LocalCluster) -> dict[str, str]:
+    """The environment `waltz up` tells an operator to export: the `operator` certificate."""
+    return {**os.environ, **cluster.admin_env("operator")}
+
+
+def connect(cluster: LocalCluster, certificate: str, *, check_acls: bool = True) -> ClusterAdmin:
+    """A cluster admin presenting ``certificate`` with the operators' ZooKeeper credential."""
+    config = ClusterAdminConfig(**cluster.admin_settings(certificate))
+    return ClusterAdmin.connect(
+        cluster.zookeeper_connect_string,
+        cluster.root,
+        tls=config.tls(),
+        security=config.zookeeper_security(),
+        check_acls=check_acls,
+    )
+
+
+@pytest.fixture(scope="module")
+def consoles(
+    secure_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, RunningConsole]]:
+    logs = tmp_path_factory.mktemp("secure-consoles")
+    console = launch_console(
+        logs,
+        secure_cluster,
+        "--operator",
+        name="console-operator-certificate",
+        env=operator_env(secure_cluster),
+    )
+    try:
+        console.wait_ready()
+        yield {"operator": console}
+    finally:
+        console.close()
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, secure_cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> LocalCluster:
+    for name, console in consoles.items():
+        support.add_failure_logs(request.node, f"{name} console log", console.process.log_tail)
+    return support.healed_cluster(request, secure_cluster)
+
+
+def problems(console: RunningConsole) -> set[tuple[str, str]]:
+    found = console.get_json("/api/map.json")["map"]["problems"]
+    return {(p["name"], p["status"]) for p in found}
+
+
+def test_the_problems_are_every_check_of_verify_with_the_acls(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    console = consoles["operator"]
+    squatter = f"{cluster.root}/squatter"
+    with connect(cluster, "operator", check_acls=False) as admin:
+        admin.cluster.zk.create(squatter, b"", acl=OPEN_ACL_UNSAFE)
+        try:
+            verified = admin.verify()
+            failed = {(c.name, c.status.value) for c in verified.checks if c.status is not CheckStatus.PASSED}
+            assert ("zookeeper: root and children ACLs", "FAILED") in failed, verified
+            # The console reports what the command reports, the open znode included.
+            wait_until(
+                lambda: problems(console) == failed,
+                timeout=30,
+                what=f"the console's problems to be verify's {sorted(failed)}",
+                interval=0.2,
+            )
+            status, page = request(console.url + "fragments/map")
+            assert status == 200 and "squatter" in page and "Every check" not in page, page
+        finally:
+            admin.cluster.zk.delete(squatter)
+    wait_until(
+        lambda: ("zookeeper: root and children ACLs", "FAILED") not in problems(console),
+        timeout=30,
+        what="the ACL problem to go once the znode is deleted",
+        interval=0.2,
+    )
+
+
+def test_the_servers_are_shown_by_their_names(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    console = consoles["operator"]
+    names = {f"server-{i}" for i in range(len(cluster.servers))}
+    found = console.get_json("/api/map.json")["map"]
+    assert {s["name"] for s in found["servers"]} == names, found["servers"]
+    assert {s["server_name"] for s in found["servers"]} == names
+    assert all(s["member"].startswith("member-") for s in found["servers"])
+    assert {p["owner_name"] for p in found["partitions"]} <= names
+    status, page = request(console.url + "fragments/map")
+    assert status == 200
+    for name in names:
+        assert re.search(rf'<tr class="server [^"]*"[^>]* data-name="{name}"', page), page
+        assert re.search(rf'<td class="name">{name} <span class="detail">member-\d+</span>', page), page
+
+
+def assigned(cluster: LocalCluster, partition_id: int) -> list[str]:
+    with connect(cluster, "operator") as admin:
+        return admin.cluster.assignments().value.storages_of(partition_id)
+
+
+def test_a_removal_the_node_refuses_is_not_done_and_a_safety_rule_refusal_offers_no_force(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole]
+) -> None:
+    console = consoles["operator"]
+    token = {"X-Console-Token": console.token()}
+    first, second = assigned(cluster, 0)
+    remove = f"kind=remove-replica&partition=0&storage={second}"
+
+    def removed() -> str | None:
+        statuses, text = act_and_read(console, remove, headers=token)
+        assert statuses in ([200, 409], [200, 502]), (statuses, text)
+        return text if statuses == [200, 502] else None  # 409: the safety rules want a caught-up replica
+
+    try:
+        # ZooKeeper changes, then the node refuses the operator certificate: not done.
+        text = wait_until(
+            removed, timeout=60, what="the removal to run", interval=0.5, abort_on=(AssertionError,)
+        )
+        assert "Not done" in text and "Done:" not in text, text
+        assert "PERMISSION_DENIED" in text and "admin role" in text, text
+        assert "when the node is back" not in text, text
+        assert second not in assigned(cluster, 0)
+        command = re.escape(f"waltz cluster storage unassign {second} --partition 0")
+        wait_until(
+            lambda: re.search(
+                rf"WARNING waltz\.console\.audit .*{command} by .* failed: .*PERMISSION_DENIED", console.log()
+            ),
+            timeout=10,
+            what="the failure's audit line",
+            interval=0.1,
+        )
+        assert not re.search(rf"{command} by .* done:", console.log()), console.log()
+
+        # The last replica: the safety rule refuses, and the console says what it can do.
+        statuses, text = act_and_read(
+            console, f"kind=remove-replica&partition=0&storage={first}", headers=token
+        )
+        assert statuses == [200, 409], (statuses, text)
+        assert "only replica" in text and "--force" not in text and "never overrides" in text, text
+        last = re.escape(f"waltz cluster storage unassign {first} --partition 0")
+        wait_until(
+            lambda: re.search(
+                rf"WARNING waltz\.console\.audit .*{last} by .* refused: .*only replica", console.log()
+            ),
+            timeout=10,
+            what="the refusal's audit line",
+            interval=0.1,
+        )
+        assert not re.search(rf"INFO waltz\.console\.audit .*{last} by .* failed", console.log())
+    finally:
+        with connect(cluster, "admin") as admin:
+
+            def restored() -> bool:
+                try:
+                    admin.storage.assign(second, [0])
+                except ReplicaChangeRefusedError:
+                    return False
+                return True
+
+            wait_until(restored, timeout=60, what=f"{second} to hold partition 0 again", interval=0.5)
+
+
+def test_sigterm_stops_the_console_with_exit_code_0(cluster: LocalCluster, tmp_path: Path) -> None:
+    console = launch_console(tmp_path, cluster, name="console-sigterm", env=operator_env(cluster))
+    try:
+        console.wait_ready()
+    finally:
+        code = console.process.terminate(timeout=15)
+    assert code == 0, console.log()
+    assert "Traceback" not in console.log()
+
+
+def test_a_tls_key_that_is_not_pem_ends_the_start_with_exit_code_1(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    not_pem = tmp_path / "operator-key.pem"
+    not_pem.write_text("this is not a PEM key\n")
+    env = {**operator_env(cluster), "WALTZ_CLUSTER_SSL_KEY_FILE": str(not_pem)}
+    console = launch_console(tmp_path, cluster, name="console-bad-key", env=env)
+    try:
+        code = console.process.wait(60)
+    finally:
+        console.close()
+    log = console.log()
+    assert code == 1, log
+    assert "error: the console could not start" in log and "cluster.ssl.keyFile" in log, log
+    assert "Traceback" not in log and "waltz console of" not in log, log
+
+
+class _BadMetrics(http.server.BaseHTTPRequestHandler):
+    """A /metrics endpoint whose partition label is not a partition ID."""
+
+    def do_GET(self) -> None:
+        body = b'waltz_server_partition_pending_records{partition="p-1"} 5\n'
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_target_with_a_malformed_partition_label_is_that_targets_error(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BadMetrics)
+    thread = threading.Thread(target=server.serve_forever, name="bad-metrics", daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    console = launch_console(
+        tmp_path, cluster, "--metrics", f"bad={url}", name="console-bad-target", env=operator_env(cluster)
+    )
+    try:
+        console.wait_ready()
+
+        def targets() -> str | None:
+            page = request(console.url + "fragments/metrics")[1]
+            good = len(re.findall(r"data-up=\"yes\"", page)) == len(cluster.metrics_urls())
+            return page if good else None
+
+        page = wait_until(targets, timeout=30, what="every good target to be up", interval=0.2)
+        assert re.search(r'data-target="bad" data-up="no">.*?partition label .*?p-1', page, re.S), page
+        looked = console.get_json("/api/map.json")
+        assert looked["error"] is None and looked["map"] is not None
+        rounds = looked["round"]
+        wait_until(
+            lambda: console.get_json("/api/map.json")["round"] > rounds + 2,
+            timeout=30,
+            what="later looks to go on",
+            interval=0.2,
+        )
+        assert console.get_json("/api/map.json")["error"] is None
+    finally:
+        console.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
