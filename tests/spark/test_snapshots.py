@@ -6,6 +6,7 @@ written.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -796,11 +797,35 @@ class _Typed(_NarrowBase):
     blob: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
-def test_a_snapshot_row_replayed_is_the_row_that_passes_through(spark: Any, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _python_workers_in_zone(spark: Any, zone: str | None) -> Iterator[None]:
+    """Spark's Python workers for the functions made inside it run with ``TZ=zone`` (None: as
+    they were): a worker gives a Python function a ``timestamp`` as a naive datetime in its own
+    local time, so a zone other than UTC shows what a machine's zone would change. Spark starts
+    workers of their own for another environment (``SparkContext.environment``)."""
+    environment = spark.sparkContext.environment
+    saved = environment.get("TZ")
+    if zone is not None:
+        environment["TZ"] = zone
+    try:
+        yield
+    finally:
+        if saved is None:
+            environment.pop("TZ", None)
+        else:
+            environment["TZ"] = saved
+
+
+@pytest.mark.parametrize("zone", [None, "America/New_York"])
+def test_a_snapshot_row_replayed_is_the_row_that_passes_through(
+    spark: Any, tmp_path: Path, zone: str | None
+) -> None:
     """Whether a file is replayed whole or joined, a row the log after the marks leaves alone must
     come out the same: replayed (rendered as the decoders render, then cast by ``entity_table``)
     it equals the row passed through (the Parquet value cast to the column's type), for every
-    column type, NULLs, fractions and time zones included."""
+    column type, NULLs, fractions and time zones included, whatever the zone of the machine
+    that runs Spark's Python workers (here also New York, whose clocks an instant of
+    ``stamped`` turns back through)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
@@ -810,19 +835,21 @@ def test_a_snapshot_row_replayed_is_the_row_that_passes_through(spark: Any, tmp_
 
     utc = dt.UTC
     values = {
-        "custid": [1, 2, 3],
-        "amount": [decimal.Decimal("12.50"), decimal.Decimal("-0.01"), None],
-        "ratio": [0.1, 1e-300, None],
+        "custid": [1, 2, 3, 4],
+        "amount": [decimal.Decimal("12.50"), decimal.Decimal("-0.01"), None, decimal.Decimal("1")],
+        "ratio": [0.1, 1e-300, None, 2.5],
         "stamped": [
             dt.datetime(2026, 3, 29, 1, 30, 0, 123456, tzinfo=utc),
             None,
             dt.datetime(1999, 12, 31, tzinfo=utc),
+            # 01:30 in New York for the second time that night (EST, after EDT's 01:30).
+            dt.datetime(2026, 11, 1, 6, 30, tzinfo=utc),
         ],
-        "local": [dt.datetime(2026, 10, 25, 2, 30), dt.datetime(2000, 1, 1, 0, 0, 0, 1), None],
-        "day": [dt.date(2026, 2, 28), None, dt.date(1970, 1, 1)],
-        "flag": [True, False, None],
-        "label": ["", 'a "quoted", text\nover two lines', None],
-        "blob": [b"\x00\xff", None, b""],
+        "local": [dt.datetime(2026, 10, 25, 2, 30), dt.datetime(2000, 1, 1, 0, 0, 0, 1), None, None],
+        "day": [dt.date(2026, 2, 28), None, dt.date(1970, 1, 1), None],
+        "flag": [True, False, None, None],
+        "label": ["", 'a "quoted", text\nover two lines', None, "d"],
+        "blob": [b"\x00\xff", None, b"", None],
     }
     table = _Typed.__table__
     schema = pa.schema([pa.field(c.name, arrow_type(c.type)) for c in table.columns])
@@ -830,10 +857,11 @@ def test_a_snapshot_row_replayed_is_the_row_that_passes_through(spark: Any, tmp_
     rows = read_snapshot_file(spark, str(tmp_path), "typed.parquet")
     registry = EntityRegistry([_Typed])
     info = next(iter(registry))
-    replayed = entity_table(replay(rows_as_changes(rows, info)), registry, _Typed)
+    with _python_workers_in_zone(spark, zone):
+        replayed = entity_table(replay(rows_as_changes(rows, info)), registry, _Typed).collect()
     passed = rows.select(*[F.col(c.name).cast(spark_type(c.type)).alias(c.name) for c in table.columns])
-    assert sorted(replayed.collect()) == sorted(passed.collect())
-    assert passed.count() == 3
+    assert sorted(replayed) == sorted(passed.collect())
+    assert len(replayed) == 4
 
 
 def test_a_uuid_column_of_text_attributes_stays_text() -> None:

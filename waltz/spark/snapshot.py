@@ -1381,12 +1381,14 @@ def rows_as_changes(
         "key_values MAP<STRING, STRING>, `values` MAP<STRING, STRING>, meta STRING, idempotency_key STRING"
     )
 
+    # Spark gives a timestamp with a time zone to a Python function as a naive datetime in the
+    # worker's local time: taken as the aware UTC instant it stands for, as pyarrow (the load)
+    # and the log give it, both to the upcasters and to the rendering, whose text without an
+    # offset would be read back as UTC.
+    zoned = frozenset(f.name for f in rows.schema.fields if f.dataType.typeName() == "timestamp")
     values_of: Callable[[Any], Mapping[str, Any]]
     if upcast is not None:
         read = [c for _, c in upcast.attributes]
-        # Spark gives a timestamp with a time zone as a naive datetime in the worker's local time;
-        # the upcasters get it as pyarrow (the load) and the log give it: aware, in UTC.
-        zoned = frozenset(f.name for f in rows.schema.fields if f.dataType.typeName() == "timestamp")
 
         def values_of(row: Any) -> Mapping[str, Any]:
             stored = {
@@ -1401,7 +1403,10 @@ def rows_as_changes(
         read = columns
 
         def values_of(row: Any) -> Mapping[str, Any]:
-            return dict(zip(attributes, row, strict=True))
+            return {
+                a: (spark_timestamp_as_utc(v) if c in zoned else v)
+                for a, c, v in zip(attributes, columns, row, strict=True)
+            }
 
     def change(row: Any) -> tuple[Any, ...]:
         values = {a: render_value(v) for a, v in values_of(row).items()}
