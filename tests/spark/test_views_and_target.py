@@ -160,7 +160,8 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
     spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
 ) -> None:
     """Instances applied past the rebuild's marks while it ran: swapping would move the marks back
-    (and the instances would skip what the rebuilt tables lack), so nothing is swapped."""
+    (and the instances would skip what the rebuilt tables lack), so nothing is swapped, and no
+    staging table (a full copy of each table) is left behind."""
     url = _target_url(request, tmp_path, backend)
     engine = create_framework_engine(url)
     COUNTER_VIEWS.prepare(engine)
@@ -176,12 +177,19 @@ def test_a_rebuild_never_moves_a_live_mark_backwards(
     log = _log(spark)
     changes = decode_changes(log, COUNTER_VIEWS.decoders)
     with pytest.raises(RebuildError, match=r"partition 0: 5 live, 2 rebuilt.*nothing was swapped"):
-        write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 2, 1: 1})
+        write_views(
+            COUNTER_VIEWS.build(changes, log),
+            COUNTER_VIEWS,
+            url,
+            {0: 2, 1: 1},
+            idempotency_keys_df=idempotency_key_rows(changes, "counter"),
+        )
     with engine.connect() as conn:
         marks = {tuple(r) for r in conn.execute(select(*list(high_water_marks.c)[:3]))}
         counters = {tuple(r) for r in conn.execute(select(*Counter.__table__.columns))}
     assert marks == {("counter", 0, 5), ("counter", 1, 1)}
     assert counters == {(1, 11, 5)}  # the live table, not the rebuilt one
+    assert not [t for t in inspect(engine).get_table_names() if t.endswith("__rebuild")]
     # Up to the live marks or beyond, the swap goes ahead.
     write_views(COUNTER_VIEWS.build(changes, log), COUNTER_VIEWS, url, {0: 5, 1: 1})
     engine.dispose()

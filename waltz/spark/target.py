@@ -338,8 +338,11 @@ def write_views(
         rows included.
 
     Raises:
-        RebuildError: the target backend is not supported.
+        RebuildError: the target backend is not supported, or the live database's marks are past
+            ``marks`` (nothing swapped: docs/design/spark.md "Swapping tables with the marks").
         sqlalchemy.exc.DBAPIError: the database refused (the old tables stay as they were).
+
+    A failure, the swap's refusal among them, drops every staging table it made.
     """
     name = cluster_name or app.cluster_name
     engine = create_framework_engine(db_url)
@@ -437,10 +440,16 @@ def write_views(
                 _drop_staging(engine, created)  # a failed rebuild leaves the database as it was
                 raise
         swap = _Swap(engine, backend, name, marks, with_keys=idempotency_keys_df is not None)
-        if backend == "mariadb":
-            swap.mariadb(app.tables)
-        else:
-            swap.in_one_transaction(app.tables, pg_names, after_swap)
+        try:
+            if backend == "mariadb":
+                swap.mariadb(app.tables)
+            else:
+                swap.in_one_transaction(app.tables, pg_names, after_swap)
+        except BaseException:
+            # A refused or failed swap moved nothing: the staged copies go (on MariaDB also the
+            # marks' staging copy, made for the rename; a staging name the rename moved is gone).
+            _drop_staging(engine, [*created, high_water_marks.name + STAGING_SUFFIX])
+            raise
         progress(f"swapped in {len(staged)} tables; marks of {name!r} set to {marks_text(marks)}")
         return rows
     finally:
