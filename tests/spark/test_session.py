@@ -52,8 +52,8 @@ spark = spark_session("local[1]", console_progress={progress}, quiet_start={quie
 print("COUNT:", spark.range(5).count())
 print("PROGRESS:", spark.sparkContext.getConf().get("spark.ui.showConsoleProgress"))
 print("ENV:", os.environ.get("LOG4J_CONFIGURATION_FILE"))
-try:
-    spark.sparkContext.parallelize([0], 1).map(lambda x: 1 // x).collect()
+try:  # cached, as a rebuild caches the decoded log: the block of the failed task is not stored
+    spark.sparkContext.parallelize([0], 1).map(lambda x: 1 // x).cache().collect()
 except Exception as exc:
     print("TASK FAILED:", "ZeroDivisionError" in str(exc))
 spark.stop()
@@ -91,8 +91,9 @@ SPARK_NOTICES = (
     'Setting default log level to "WARN"',
     "To adjust logging level use sc.setLogLevel",
 )
-#: What Spark logs of a task that raised, each time with the worker's traceback.
-TASK_LOGS = ("Exception in task", "Lost task")
+#: What Spark logs of a task that raised, each time with the worker's traceback: the executor,
+#: the scheduler, and the block manager when the task computed a cached partition.
+TASK_LOGS = ("Exception in task", "Lost task", "Putting block")
 #: Hadoop's warning that its native library is missing (absent where the library is installed).
 NATIVE_LOADER = "NativeCodeLoader"
 
@@ -111,7 +112,8 @@ def test_a_quiet_start_leaves_out_sparks_notices_and_the_progress_bar_is_on_unle
     # worker's traceback logged twice before (by the executor, then as the lost task).
     for run in (loud, quiet):
         assert "TASK FAILED: True" in run.stdout, run.stdout + run.stderr
-    assert TASK_LOGS[0] in loud.stderr and "Traceback" in loud.stderr, loud.stderr  # what it removes
+    assert [n for n in TASK_LOGS if n not in loud.stderr] == [], loud.stderr  # what it removes
+    assert "Traceback" in loud.stderr, loud.stderr
     assert [n for n in TASK_LOGS if n in quiet.stderr] == [], quiet.stderr
     assert "Traceback" not in quiet.stderr, quiet.stderr
     shown = {
@@ -235,5 +237,9 @@ def test_the_quiet_configuration_keeps_what_sparks_default_profile_quiets() -> N
     theirs = {name: level for name, level in loggers(defaults).items() if ".repl." not in name}
     assert {name: ours.get(name) for name in theirs} == theirs
     assert ours["org.apache.hadoop.util.NativeCodeLoader"] == "error"
+    # A failed task's traceback, logged by each of these before the job's failure carries it.
+    assert ours["org.apache.spark.executor.Executor"] == "fatal"
+    assert ours["org.apache.spark.scheduler.TaskSetManager"] == "error"
+    assert ours["org.apache.spark.storage.BlockManager"] == "error"
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert "spark/log4j2-quiet.properties" in pyproject["tool"]["setuptools"]["package-data"]["waltz"]
