@@ -281,7 +281,7 @@ def rebuild_command(
         from waltz.cli.database_urls import require_reachable
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import rebuild
-        from waltz.spark.session import spark_session
+        from waltz.spark.session import require_jdbc_driver, spark_session
 
         views = load_app(app)
         # Named before Spark starts. Spark's Python workers were started with the JVM's
@@ -296,9 +296,11 @@ def rebuild_command(
             tls=TlsConfig(ssl_ca_file, ssl_cert_file, ssl_key_file) if ssl_ca_file or ssl_cert_file else None,
             archive=archive,
         )
-        # Before Spark starts, which takes seconds: a database that cannot work fails at once.
+        # Before Spark starts, which takes seconds: a database that cannot work fails at once, and
+        # so does one whose JDBC driver is missing (Spark would fail on it after reading the log).
         for option, url in (("--db", db), ("--verify-against", verify_against)):
             if url is not None:
+                require_jdbc_driver(url, option)
                 require_reachable(url, option)
         # Before Spark too: a wrong root, an unreachable cluster or directories that hold no log
         # fail in a second, not after Spark's start (docs/design/spark.md, "Planning before Spark

@@ -1,4 +1,4 @@
-"""A Spark session set up for Waltz: loopback, no UI, our Python, JDBC jars.
+"""A Spark session set up for Waltz: loopback, no UI, our Python, JDBC jars (and a check for them).
 
 Source: ``docs/spark.md`` ("``waltz rebuild``": ``local[*]`` by default, any master with
 ``--master``).
@@ -11,15 +11,66 @@ import os
 import shutil
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
-__all__ = ["JDBC_JARS", "QUIET_LOG4J", "is_local_master", "register", "require_spark", "spark_session"]
+__all__ = [
+    "DEFAULT_JDBC_DIR",
+    "JDBC_DIR_ENV",
+    "JDBC_DRIVERS",
+    "JDBC_JARS",
+    "QUIET_LOG4J",
+    "JdbcDriver",
+    "is_local_master",
+    "jdbc_dir",
+    "jdbc_jars",
+    "register",
+    "require_jdbc_driver",
+    "require_spark",
+    "spark_session",
+]
 
-#: JDBC drivers from Debian (``libpostgresql-jdbc-java``, ``libmariadb-java``), used when present.
-JDBC_JARS = ("/usr/share/java/postgresql.jar", "/usr/share/java/mariadb-java-client.jar")
+
+@dataclass(frozen=True, slots=True)
+class JdbcDriver:
+    """A database's JDBC driver, as the rebuild finds it (docs/spark.md, "``waltz rebuild``").
+
+    Attributes:
+        database: the database's name in messages (``PostgreSQL``).
+        jar: the jar's file name in :func:`jdbc_dir` (Debian's name).
+        debian_package: the Debian package that installs it there.
+        maven: the driver's Maven Central coordinates, where its jar can be downloaded.
+    """
+
+    database: str
+    jar: str
+    debian_package: str
+    maven: str
+
+
+#: The JDBC drivers by SQLAlchemy backend name: Debian's (``libpostgresql-jdbc-java``,
+#: ``libmariadb-java``), whose jars a Spark session takes from :func:`jdbc_dir` when present.
+JDBC_DRIVERS = {
+    "postgresql": JdbcDriver(
+        "PostgreSQL", "postgresql.jar", "libpostgresql-jdbc-java", "org.postgresql:postgresql"
+    ),
+    "mariadb": JdbcDriver(
+        "MariaDB", "mariadb-java-client.jar", "libmariadb-java", "org.mariadb.jdbc:mariadb-java-client"
+    ),
+}
+JDBC_DRIVERS["mysql"] = JDBC_DRIVERS["mariadb"]  # the MariaDB driver writes MySQL URLs' databases too
+
+#: The environment variable naming the directory of the JDBC drivers' jars (docs/spark.md).
+JDBC_DIR_ENV = "WALTZ_SPARK_JDBC_DIR"
+
+#: Where Debian installs the JDBC drivers: the directory when :data:`JDBC_DIR_ENV` is not set.
+DEFAULT_JDBC_DIR = "/usr/share/java"
+
+#: The JDBC drivers' jars in :data:`DEFAULT_JDBC_DIR`.
+JDBC_JARS = tuple(str(Path(DEFAULT_JDBC_DIR) / d.jar) for d in dict.fromkeys(JDBC_DRIVERS.values()))
 
 #: The log4j 2 configuration of ``quiet_start``: Spark's warnings and errors, without its start-up
 #: notices, Hadoop's native-library warning and a failed task's traceback logged before the job's
@@ -69,6 +120,50 @@ def require_spark() -> None:
         )
 
 
+def jdbc_dir() -> Path:
+    """The directory of the JDBC drivers' jars: :data:`JDBC_DIR_ENV` when set and not empty,
+    else :data:`DEFAULT_JDBC_DIR` (docs/spark.md, "``waltz rebuild``")."""
+    return Path(os.environ.get(JDBC_DIR_ENV) or DEFAULT_JDBC_DIR)
+
+
+def jdbc_jars() -> list[Path]:
+    """The JDBC drivers' jars that :func:`jdbc_dir` holds (of :data:`JDBC_DRIVERS`), which a
+    Spark session puts on ``spark.jars``."""
+    found = (jdbc_dir() / d.jar for d in dict.fromkeys(JDBC_DRIVERS.values()))
+    return [jar for jar in found if jar.is_file()]
+
+
+def require_jdbc_driver(url: str, option: str) -> None:
+    """Check, before Spark starts, that the JDBC driver a database URL needs is in
+    :func:`jdbc_dir`: Spark reads and writes PostgreSQL and MariaDB over JDBC, and without the
+    driver fails only when it first connects, after reading the whole log (docs/spark.md,
+    "``waltz rebuild``"). A SQLite URL, or one that does not parse, needs none (the database's own
+    check reports the latter).
+
+    Args:
+        url: the database's SQLAlchemy URL.
+        option: what names the URL in the message (``--db``).
+
+    Raises:
+        ConfigurationError: the driver's jar is missing, naming it, the Debian package that
+            installs it and where else to get it.
+    """
+    from waltz.errors import ConfigurationError
+
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    driver = JDBC_DRIVERS.get(scheme.split("+", 1)[0].lower())
+    if driver is None:
+        return
+    jar = jdbc_dir() / driver.jar
+    if jar.is_file():
+        return
+    raise ConfigurationError(
+        f"{option}: Spark reaches {driver.database} databases through the JDBC driver {jar}, which is "
+        f"missing: install the Debian package {driver.debian_package}, or download the driver's jar "
+        f"(Maven Central {driver.maven}) as {driver.jar} into a directory and name it in {JDBC_DIR_ENV}"
+    )
+
+
 def spark_session(
     master: str | None = None,
     *,
@@ -84,8 +179,8 @@ def spark_session(
     ``SPARK_LOCAL_IP`` is set), and ``PYSPARK_PYTHON`` set to this interpreter so workers import
     waltz. For any other master it sets none of these: the cluster's executors must reach the
     driver, and run a Python with waltz-py installed (``PYSPARK_PYTHON`` on the executors, as
-    Spark documents). Always: no UI, no Python data source filter pushdown, and the Debian JDBC jars
-    that exist (``spark.jars``, shipped to the executors).
+    Spark documents). Always: no UI, no Python data source filter pushdown, and the JDBC drivers'
+    jars that exist in :func:`jdbc_dir` (``spark.jars``, shipped to the executors).
 
     Args:
         master: the Spark master URL (default ``local[*]``).
@@ -130,7 +225,7 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    jars = ",".join(j for j in JDBC_JARS if Path(j).exists())
+    jars = ",".join(str(jar) for jar in jdbc_jars())
     shuffle = shuffle_partitions or max(2, 2 * (os.cpu_count() or 1))
     builder = (
         SparkSession.builder.master(master)

@@ -474,15 +474,19 @@ def spark_rebuild_check(
 
     Returns:
         A check that passes when no table differs; it fails (saying what to install) when PySpark
-        or pyarrow is missing, and when the rebuild could not run.
+        or pyarrow is missing, or the JDBC driver of a PostgreSQL or MariaDB database, and when
+        the rebuild could not run.
     """
     name = "Spark rebuild from the log equals the live database"
+    from waltz.errors import ConfigurationError
     from waltz.spark.errors import SparkUnavailableError
-    from waltz.spark.session import require_spark
+    from waltz.spark.session import require_jdbc_driver, require_spark
 
     try:
         require_spark()
-    except SparkUnavailableError as exc:
+        require_jdbc_driver(live_url, "the live database")
+        require_jdbc_driver(rebuilt_url, "the rebuilt database")
+    except (SparkUnavailableError, ConfigurationError) as exc:
         say(f"Spark rebuild: cannot run: {exc}")
         return Check(name, False, f"not run: {exc}")
     from pyspark.sql import SparkSession
