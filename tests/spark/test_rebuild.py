@@ -370,6 +370,32 @@ def test_the_check_before_the_log_is_read_still_upgrades_a_database_of_an_earlie
     assert "currency" not in before and "currency" in after, (before, after)
 
 
+def test_a_target_database_without_a_table_of_the_application_is_named_before_the_log_is_read(
+    tmp_path: Path,
+) -> None:
+    """A ledger database whose migrations ran but which lacks one of the ledger's tables (dropped
+    since): the migrations, at their head, do not make it again, and the rebuild refuses the
+    database naming the table and what to do, before it reads the log."""
+    from waltz.spark.errors import RebuildError
+    from waltz.spark.target import check_target
+
+    url = f"sqlite:///{tmp_path / 'no-checking.db'}"
+    engine = prepare_database(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE {Checking.__tablename__}"))
+    finally:
+        engine.dispose()
+    for create in (False, True):
+        with pytest.raises(RebuildError) as refused:
+            check_target(LEDGER_VIEWS, url, create=create)
+        assert str(refused.value) == (
+            f"the target database {url} has no table ledger_checking of the application 'ledger': run "
+            "the application's migrations on it (alembic upgrade, as its instances do), or rebuild into "
+            "an empty database; nothing was read or written"
+        )
+
+
 def _sessions(cluster: LocalCluster) -> dict[int, int]:
     zk = connect_zookeeper(cluster.zookeeper_connect_string, security=cluster.zookeeper_security)
     try:

@@ -269,9 +269,11 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
         Whether the database was prepared and checked (False: left alone, ``create=False``).
 
     Raises:
-        RebuildError: a table lacks columns of the model (a database not migrated to the model
-            the rebuild runs, or one of a newer release), naming them and the columns the model
-            does not map: nothing is read or written.
+        RebuildError: a table of the application or the framework is missing after ``prepare``
+            (dropped from a database whose migrations ran), naming it; or a table lacks columns
+            of the model (a database not migrated to the model the rebuild runs, or one of a
+            newer release), naming them and the columns the model does not map: nothing is read
+            or written (docs/design/spark.md, "Swapping tables with the marks").
         sqlalchemy.exc.DBAPIError: the database refused.
     """
     engine = create_framework_engine(db_url)
@@ -280,6 +282,18 @@ def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
             return False
         app.prepare(engine)
         inspector = inspect(engine)
+        present_tables = set(inspector.get_table_names())
+        absent = [
+            t.name for t in (*app.tables, high_water_marks, idempotency_keys) if t.name not in present_tables
+        ]
+        if absent:
+            raise RebuildError(
+                f"the target database {engine.url.render_as_string(hide_password=True)} has no table "
+                f"{', '.join(absent)} of the application {app.cluster_name!r}"
+                + ("" if set(absent) <= {t.name for t in app.tables} else " or of the framework")
+                + ": run the application's migrations on it (alembic upgrade, as its instances do), or "
+                "rebuild into an empty database; nothing was read or written"
+            )
         problems = []
         for table in app.tables:
             present = [column["name"] for column in inspector.get_columns(table.name)]
