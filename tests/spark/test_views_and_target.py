@@ -609,6 +609,37 @@ def test_split_records_decode_to_no_row_changes_whatever_on_unknown_says(on_unkn
         decoders.register(SPLIT_RECORD_HEADER, lambda data: ())
 
 
+def test_a_split_record_of_a_newer_form_is_named_as_a_newer_waltz_py_s(spark: Any) -> None:
+    """docs/design/splits.md "Record forms": a split record of a form this release does not read
+    is a newer waltz-py's, as a change-set of a newer form is (its form kept): the failed Spark job
+    says to run the rebuild with the release the instances run, not to check ``--root``; a split
+    record that is malformed in its own form stays a record that does not decode."""
+    from waltz.cli.rebuild import spark_job_failure
+    from waltz.jdbc_style.changeset import ChangeSetVersionError
+
+    newer = json.dumps({**json.loads(GENESIS), "v": 2}).encode()
+    with pytest.raises(ChangeSetVersionError, match="split record of form 2 is newer") as raised:
+        DecoderRegistry().decode_members(SPLIT_RECORD_HEADER, newer)
+    assert raised.value.version == 2
+    merge = json.dumps({**json.loads(BARRIER), "kind": "merge"}).encode()
+    with pytest.raises(ChangeSetFormatError) as malformed:
+        DecoderRegistry().decode_members(SPLIT_RECORD_HEADER, merge)
+    assert not isinstance(malformed.value, ChangeSetVersionError)
+    log = spark.createDataFrame(
+        [(0, 0, CHANGE_SET_HEADER, 7, 1, 0, 0, _set(1, 0)), (0, 1, SPLIT_RECORD_HEADER, 7, 1, 0, 1, newer)],
+        LOG_SCHEMA,
+    )
+    with pytest.raises(Exception, match="ChangeSetVersionError") as failed:
+        decode_changes(log, COUNTER_VIEWS.decoders).collect()
+    lines = spark_job_failure(str(failed.value), "waltz_examples.counter")
+    assert lines[0].startswith(
+        "error: the log holds a record a newer waltz-py wrote: partition 0 transaction 1: a split record "
+        "of form 2 is newer than this waltz-py reads"
+    ), lines
+    assert "run the rebuild with the waltz-py the application's instances run" in lines[1], lines
+    assert not [line for line in lines if "--root" in line], lines
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_a_ledger_log_with_split_records_is_applied_cached_and_rebuilt_as_without_them(
     spark: Any, tmp_path: Any, request: pytest.FixtureRequest, backend: str

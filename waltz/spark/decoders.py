@@ -42,7 +42,12 @@ from waltz.jdbc_style.changeset import (
     repeated_key_members,
 )
 from waltz.jdbc_style.upcasting import SchemaChains, SchemaVersionAheadError, UpcastError
-from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitRecordFormatError, decode_split_record
+from waltz.protocol.split_records import (
+    SPLIT_RECORD_HEADER,
+    SplitRecordFormatError,
+    SplitRecordVersionError,
+    decode_split_record,
+)
 
 __all__ = ["CHANGES_SCHEMA", "CommandDecoder", "DecoderRegistry", "decode_changes", "render_value"]
 
@@ -114,8 +119,10 @@ class DecoderRegistry:
         """Decode one transaction (a split record: a change-set without row changes).
 
         Raises:
-            ChangeSetFormatError: malformed change-set data, a split record of a form this code
-                does not read (named), or an unknown header with ``"fail"``.
+            ChangeSetVersionError: a change-set or a split record of a form newer than this code
+                reads (named, its form kept).
+            ChangeSetFormatError: malformed change-set or split record data, or an unknown header
+                with ``"fail"``.
         """
         if header == CHANGE_SET_HEADER:
             return ChangeSet.decode(data)
@@ -138,8 +145,10 @@ class DecoderRegistry:
         split"), or the one change-set of any other transaction.
 
         Raises:
-            ChangeSetFormatError: malformed change-set data, a split record of a form this code
-                does not read (named), or an unknown header with ``"fail"``.
+            ChangeSetVersionError: a change-set or a split record of a form newer than this code
+                reads (named, its form kept).
+            ChangeSetFormatError: malformed change-set or split record data, or an unknown header
+                with ``"fail"``.
         """
         if header == CHANGE_SET_HEADER:
             return decode_members(data)
@@ -154,11 +163,15 @@ def _check_split_record(data: bytes) -> None:
     apply does before it passes the record over.
 
     Raises:
-        ChangeSetFormatError: the record is of a form this code does not read, or not a barrier or
-            a genesis of its form (the split record's own error chained).
+        ChangeSetVersionError: the record is of a form newer than this code reads (its form kept:
+            a newer waltz-py's record, as a change-set of a newer form is).
+        ChangeSetFormatError: the record is not a barrier or a genesis of its form (the split
+            record's own error chained).
     """
     try:
         decode_split_record(data)
+    except SplitRecordVersionError as exc:
+        raise ChangeSetVersionError(str(exc), exc.form) from exc
     except SplitRecordFormatError as exc:
         raise ChangeSetFormatError(str(exc)) from exc
 
