@@ -24,7 +24,8 @@ Options (all strings, as Spark passes them):
   ``up_to`` (per-partition inclusive upper bounds ``"0:120,1:98"``; more than the committed
   high-water mark is an error), ``after`` (per-partition exclusive lower bounds, the same form:
   what a snapshot at those marks already holds), ``range_size`` (default 100000),
-  ``batch_records`` (default 5000), ``timeout`` (seconds per admin call, default 30);
+  ``batch_records`` (default 5000), ``timeout`` (seconds per admin call, default 30): each at
+  least 1 (``timeout`` above 0), or the read is refused naming the option (ConfigurationError);
 - ``archive``: the archive's location (a directory or a URL pyarrow opens) whose chunks hold the
   ranges it archived, read instead of the storage nodes (:mod:`waltz.spark.archived`); a live
   read takes the one ZooKeeper names when it is not given; ``off``: the storage nodes only.
@@ -33,6 +34,7 @@ Options (all strings, as Spark passes them):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,14 +135,80 @@ def tls_option(options: Mapping[str, str]) -> TlsConfig | None:
     return TlsConfig(ca, cert, key)
 
 
-def _int_option(options: Mapping[str, str], name: str, default: int | None) -> int | None:
+#: Default seconds per admin call of a live read (the ``timeout`` option).
+DEFAULT_TIMEOUT = 30.0
+
+
+def _int_option(
+    options: Mapping[str, str], name: str, default: int | None, *, minimum: int | None = None
+) -> int | None:
+    """The integer an option gives (``default`` when it is absent or empty).
+
+    Raises:
+        ConfigurationError: not an integer, or below ``minimum`` (naming the option and its value).
+    """
     raw = options.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ConfigurationError(f"option {name}={raw!r} is not an integer") from None
+    if minimum is not None and value < minimum:
+        raise ConfigurationError(f"option {name}={raw!r}: give an integer of at least {minimum}")
+    return value
+
+
+def _seconds_option(options: Mapping[str, str], name: str, default: float) -> float:
+    """The positive, finite number of seconds an option gives (``default`` when absent or empty).
+
+    Raises:
+        ConfigurationError: not a number, not finite, or zero or less (naming the option and its
+            value).
+    """
+    raw = options.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"option {name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"option {name}={raw!r}: give a finite number of seconds above 0")
+    return value
+
+
+def _partitions_option(options: Mapping[str, str]) -> list[int] | None:
+    """The partition IDs of the ``partitions`` option (``"0,2"``), or None when it is not given.
+
+    Raises:
+        ConfigurationError: an item that is not a partition ID (an integer of at least 0).
+    """
+    raw = options.get("partitions")
+    if not raw:
+        return None
+    partitions = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        try:
+            pid = int(item)
+        except ValueError:
+            pid = -1
+        if pid < 0:
+            raise ConfigurationError(
+                f"option partitions={raw!r}: {item!r} is not a partition ID; give partition IDs such as 0,2"
+            )
+        partitions.append(pid)
+    return partitions
+
+
+def _range_size(options: Mapping[str, str]) -> int:
+    """Transactions per Spark partition (the ``range_size`` option, at least 1)."""
+    return _int_option(options, "range_size", DEFAULT_RANGE_SIZE, minimum=1) or DEFAULT_RANGE_SIZE
+
+
+def _batch_records(options: Mapping[str, str]) -> int:
+    """Records per admin record-list request (the ``batch_records`` option, at least 1)."""
+    return _int_option(options, "batch_records", DEFAULT_BATCH_RECORDS, minimum=1) or DEFAULT_BATCH_RECORDS
 
 
 class WaltzLogReader(DataSourceReader):
@@ -169,9 +237,7 @@ class WaltzLogReader(DataSourceReader):
         from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_FILE_FIELDS, security_from_files
 
         options = self.options
-        partitions: Sequence[int] | None = None
-        if options.get("partitions"):
-            partitions = [int(p) for p in options["partitions"].split(",") if p.strip()]
+        partitions = _partitions_option(options)
         dirs = options.get("storage_dirs") or options.get("path")
         zookeeper = options.get("zookeeper")
         if bool(dirs) == bool(zookeeper):
@@ -183,7 +249,7 @@ class WaltzLogReader(DataSourceReader):
             root = options.get("cluster_root")
             if not root:
                 raise ConfigurationError("option cluster_root is required with zookeeper")
-            timeout = float(options.get("timeout", "30"))
+            timeout = _seconds_option(options, "timeout", DEFAULT_TIMEOUT)
             files = {k: options[k] for k in ZOOKEEPER_SECURITY_FILE_FIELDS if options.get(k)}
             security = security_from_files(files) if files else None
             return plan_live(
@@ -207,8 +273,21 @@ class WaltzLogReader(DataSourceReader):
         )
 
     def partitions(self) -> Sequence[InputPartition]:
+        """The ranges to read, one Spark partition each (on the driver).
+
+        Raises:
+            ConfigurationError: an option that is not of its form (named with its value):
+                ``partitions`` not partition IDs, ``range_size`` or ``batch_records`` not an
+                integer of at least 1, ``timeout`` not a finite number of seconds above 0, a
+                transaction ID or marks option not integers; or the source's options as
+                :meth:`plan` refuses them.
+            CommittedReadError: as :meth:`plan`, or ``up_to`` above what is proven committed.
+        """
         options = self.options
-        range_size = _int_option(options, "range_size", DEFAULT_RANGE_SIZE) or DEFAULT_RANGE_SIZE
+        range_size = _range_size(options)
+        # Checked here, on the driver, before the tasks read with them.
+        _batch_records(options)
+        _seconds_option(options, "timeout", DEFAULT_TIMEOUT)
         low = _int_option(options, "from_transaction_id", 0) or 0
         high = _int_option(options, "to_transaction_id", None)
         up_to = parse_marks(options.get("up_to", ""), "up_to")
@@ -273,10 +352,8 @@ class WaltzLogReader(DataSourceReader):
             return
         if not isinstance(partition, LogRange):
             raise TypeError(f"not a planned Waltz range: {partition!r}")
-        batch_records = (
-            _int_option(self.options, "batch_records", DEFAULT_BATCH_RECORDS) or DEFAULT_BATCH_RECORDS
-        )
-        timeout = float(self.options.get("timeout", "30"))
+        batch_records = _batch_records(self.options)
+        timeout = _seconds_option(self.options, "timeout", DEFAULT_TIMEOUT)
         columns: list[list[Any]] = [[] for _ in range(8)]
         records = read_committed(
             partition.partition_id,
