@@ -1090,6 +1090,53 @@ def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
     assert out.stdout.split() == ["2026-03-01T23:30:00+00:00", "None", "7"]
 
 
+def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_model_s_table(
+    tmp_path: Path,
+) -> None:
+    """The manifest says which table held an entity's rows: when the snapshot has no file of that
+    table, the entity has no rows in it, even where a file is named after the model's table now
+    (rows of that table, not of the entity); a ``table`` that is not a string is refused."""
+    from sqlalchemy import insert
+
+    from waltz.spark.snapshot import (
+        MANIFEST_NAME,
+        SnapshotError,
+        entity_file,
+        read_manifest,
+        stored_rows,
+        write_snapshot,
+    )
+
+    table = RenameV2.__table__  # type: ignore[attr-defined]
+    views = dataclasses.replace(VIEWS_V2, tables=[table], entities=EntityRegistry([RenameV2]))
+    source = create_framework_engine(f"sqlite:///{tmp_path / 'source.db'}")
+    try:
+        upgrade(source)
+        table.create(source)
+        with source.begin() as conn:
+            conn.execute(insert(table), [{"id": i, "amount": i} for i in (1, 2)])
+        write_snapshot(views, source, str(tmp_path / "snapshot"))
+    finally:
+        source.dispose()
+    location = tmp_path / "snapshot"
+    raw = json.loads((location / MANIFEST_NAME).read_text())
+    (info,) = list(views.entities or ())
+    assert entity_file(read_manifest(str(location)), info) is not None  # as written
+    raw["entities"]["evo_rename"]["table"] = "evo_rename_before"
+    (location / MANIFEST_NAME).write_text(json.dumps(raw))
+    manifest = read_manifest(str(location))
+    assert manifest.table("evo_rename") is not None
+    assert entity_file(manifest, info) is None
+    assert stored_rows(manifest, info) is None
+    for malformed in (5, None, ["evo_rename"]):
+        raw["entities"]["evo_rename"]["table"] = malformed
+        (location / MANIFEST_NAME).write_text(json.dumps(raw))
+        with pytest.raises(
+            SnapshotError, match=rf"entity 'evo_rename': field 'table' is {re.escape(repr(malformed))}"
+        ):
+            read_manifest(str(location))
+
+
 def test_an_entity_whose_table_the_snapshot_does_not_hold_has_no_rows_in_it(tmp_path: Path) -> None:
     """The application declares an entity whose table is not among its views' tables: the
     manifest records it, no file holds it, and the snapshot still loads and checks."""

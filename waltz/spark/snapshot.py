@@ -221,7 +221,7 @@ class SnapshotManifest:
 
         Raises:
             SnapshotError: not a snapshot manifest, a newer form than this code reads, or a
-                field missing or malformed (named).
+                field missing or malformed (named), an entity's ``table`` among them.
         """
         raw = check_form(
             raw, kind=SNAPSHOT_KIND, newest=SNAPSHOT_FORM, noun="snapshot", where=where, error=SnapshotError
@@ -237,6 +237,8 @@ class SnapshotManifest:
             raise SnapshotError(f"{where}: field 'marks' is {marks!r}, expected {{partition: mark >= -1}}")
         if not isinstance(entities, Mapping) or not all(isinstance(e, Mapping) for e in entities.values()):
             raise SnapshotError(f"{where}: field 'entities' is {entities!r}, expected an object of objects")
+        for entity_name, entity in entities.items():
+            str_field(entity, "table", f"{where}: entity {entity_name!r}", SnapshotError)
         if not isinstance(tables, list):
             raise SnapshotError(f"{where}: field 'tables' is {tables!r}, expected a list")
         fingerprint = raw.get("cluster_key_fingerprint")
@@ -497,15 +499,16 @@ def write_snapshot(
 
 
 def entity_file(manifest: SnapshotManifest, info: EntityInfo) -> SnapshotFile | None:
-    """The file of an entity's rows: the table the manifest records for the entity (a model may
-    have moved to another table since), else the model's table; None when the snapshot has no
-    such file (an entity whose table was not among the application's tables when the snapshot was
-    written has none: a snapshot holds ``AppViews.tables`` only)."""
+    """The file of an entity's rows (docs/design/spark.md "Snapshots of an older model"): the
+    one of the table the manifest records for the entity (a model may have moved to another
+    table since); None when the snapshot has no file of that table (its table was not among the
+    application's tables when the snapshot was written: a snapshot holds ``AppViews.tables``
+    only), whatever file the model's table has now: that file holds that table's rows, not the
+    entity's. An entity the manifest does not record (declared since) is read from its model's
+    table's file, when the snapshot has one."""
     recorded = manifest.entities.get(info.name)
-    if recorded is not None and "table" in recorded:
-        entry = manifest.table(str(recorded["table"]))
-        if entry is not None:
-            return entry
+    if recorded is not None:
+        return manifest.table(recorded["table"])  # a string: SnapshotManifest.from_json
     return manifest.table(info.model.__table__.name)
 
 
