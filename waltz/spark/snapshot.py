@@ -186,8 +186,10 @@ class SnapshotManifest:
         idempotency_keys: this log's rows of ``waltz_idempotency_keys``.
         written_at: when the snapshot's database transaction read the tables (UTC, ISO 8601).
         dialect: the database it was read from (``postgresql``, ``mysql``, ``sqlite``).
-        cluster_key_fingerprint: ``sha256:<hex>`` of the cluster key when the snapshot was made
-            with the cluster at hand (never the key), or None.
+        cluster_key_fingerprint: reserved: ``sha256:<hex>`` of the cluster key (never the key)
+            when the writer's caller passed one, else None (``waltz snapshot create``, which reads
+            a database with no cluster at hand, writes None); no reader uses it
+            (docs/design/spark.md, "Snapshots").
         form: the manifest's form (:data:`SNAPSHOT_FORM`).
     """
 
@@ -395,7 +397,9 @@ def write_snapshot(
         db_url: the application's database (a SQLAlchemy URL or an engine).
         location: an empty directory or URL (created when missing).
         cluster_name: the log's name in the mark rows (default ``app.cluster_name``).
-        cluster_key_fingerprint: recorded in the manifest when given.
+        cluster_key_fingerprint: ``sha256:<hex>`` of the cluster key
+            (:func:`waltz.protocol.cluster_key.cluster_key_fingerprint`), recorded in the
+            manifest when given (reserved: no reader uses it); None writes null.
         progress: called with a line per table.
 
     Returns:
