@@ -21,10 +21,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from typer.testing import CliRunner
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.admin.storage_nodes import StorageAccessDeniedError, call_admin
+from waltz.cli.main import app
 from waltz.errors import StorageRpcError, WaltzTimeoutError
 from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster import LocalCluster
@@ -353,3 +355,27 @@ def test_metrics_and_health_need_an_operator_admin_or_node_certificate(
             status, body = _https_get(base + path, files, role)
             assert status in (200, 503), (path, role, status, body)  # 503: /health of an empty node
             assert path != "/metrics" or b"waltz_storage" in body
+
+
+def test_an_unassign_the_node_refuses_says_what_to_fix_not_to_wait_for_the_node(
+    secured: LocalCluster,
+) -> None:
+    """With the operator's certificate the node refuses to drop the partition (the admin role's
+    request) after ZooKeeper changed: the command says to fix what the node says, not to wait
+    for a node that answered; the admin's certificate then puts the replica back."""
+    storage = secured.storages[0].address
+    runner = CliRunner()
+    as_operator = secured.admin_env("operator")
+    as_admin = secured.admin_env("admin")
+    try:
+        refused = runner.invoke(
+            app, ["cluster", "storage", "unassign", storage, "--partition", "0", "--force"], env=as_operator
+        )
+        assert refused.exit_code == 1, refused.output
+        assert "ZooKeeper is updated, but the node still holds the partitions" in refused.output
+        assert "PERMISSION_DENIED" in refused.output
+        assert "needs a certificate with the admin role), then rerun" in refused.output
+        assert "when the node is back" not in refused.output
+    finally:
+        back = runner.invoke(app, ["cluster", "storage", "assign", storage, "--partition", "0"], env=as_admin)
+        assert back.exit_code == 0, back.output

@@ -132,7 +132,8 @@ def storage_unassign(
 
     Refused (exit 1) when fewer caught-up replicas than a quorum of the remaining replicas would
     be left, or none at all. If the node cannot be reached after ZooKeeper changed, it keeps the
-    partitions' files: rerun the command when it is back (exit 1 until then).
+    partitions' files: rerun the command when it is back (exit 1 until then); if it refuses (a
+    certificate without the admin role), fix what it says and rerun it.
     """
     ids = parse_partitions(partition)
     with connected_admin(config, zookeeper, root, timeout) as admin:
@@ -143,9 +144,13 @@ def storage_unassign(
         + (f" (already unassigned: {format_partitions(result.unchanged)})" if result.unchanged else "")
     )
     if result.storage_error is not None:
+        then = (
+            "fix what the node says (cluster.ssl.* needs a certificate with the admin role), then rerun"
+            if result.storage_refused
+            else "rerun this command when the node is back"
+        )
         typer.secho(
-            f"ZooKeeper is updated, but the node still holds the partitions: {result.storage_error}; "
-            "rerun this command when the node is back",
+            f"ZooKeeper is updated, but the node still holds the partitions: {result.storage_error}; {then}",
             err=True,
             fg=typer.colors.RED,
         )
