@@ -351,3 +351,40 @@ def test_a_server_reads_only_well_formed_trace_contexts(traceparent: str, valid:
     assert (context is not None) == valid
     if context is not None:
         assert context.is_remote and context.trace_flags.sampled
+
+
+@pytest.mark.parametrize(
+    ("variables", "service"),
+    [
+        ({}, "waltz-client"),
+        ({"OTEL_SERVICE_NAME": "billing"}, "billing"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,service.name=billing"}, "billing"),
+        ({"OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod"}, "waltz-client"),
+    ],
+)
+def test_the_service_name_of_the_standard_variables_wins_over_the_default(
+    variables: dict[str, str], service: str
+) -> None:
+    """In a fresh process (no tracer provider installed): the provider a client makes names the
+    service as ``OTEL_SERVICE_NAME`` or ``OTEL_RESOURCE_ATTRIBUTES`` say, else ``waltz-client``."""
+    script = textwrap.dedent(
+        """
+        from waltz.tracing._otel import _provider
+
+        provider, owned = _provider("waltz-client")
+        print(provider.resource.attributes["service.name"])
+        owned.shutdown()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")}
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env={**env, **variables, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == service

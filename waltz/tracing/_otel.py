@@ -8,7 +8,6 @@ docs/decisions/0035-opentelemetry-traces.md.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -16,7 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import SERVICE_NAME, OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -46,10 +45,19 @@ def _provider(service_name: str) -> tuple[trace.TracerProvider, TracerProvider |
         return current, None
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": service_name}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    provider = TracerProvider(resource=Resource.create(_default_attributes(service_name)))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider, provider
+
+
+def _default_attributes(service_name: str) -> dict[str, str]:
+    """The resource attributes our provider adds to what the ``OTEL_*`` variables say: the
+    ``service.name`` ``service_name``, only when neither ``OTEL_SERVICE_NAME`` nor a
+    ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES`` names the service (docs/tracing.md,
+    "Turning it on"); read by the SDK's own parser of those variables."""
+    if SERVICE_NAME in OTELResourceDetector().detect().attributes:
+        return {}
+    return {SERVICE_NAME: service_name}
 
 
 def parse_traceparent(traceparent: str) -> SpanContext | None:
