@@ -1,10 +1,12 @@
-"""SIGTERM to a ``waltz`` tool that started a local cluster stops the cluster too.
+"""SIGTERM (or SIGHUP, its terminal closed) to a ``waltz`` tool that started a local cluster stops
+the cluster too.
 
 A 1,000,000-transaction ``waltz chaos`` run cut by ``timeout`` (SIGTERM) once left ZooKeeper, five
 storage nodes and three servers running: Python's default SIGTERM ends the process without
-unwinding it. The CLI now turns SIGTERM into ``SystemExit(143)``, so every context manager (the
-cluster, the client processes, the fault proxies) stops what it started: every process the run
-started (found as its descendants before the signal) must be gone soon after it exits.
+unwinding it. The CLI now turns SIGTERM into ``SystemExit(143)`` (SIGHUP into ``SystemExit(129)``),
+so every context manager (the cluster, the client processes, the fault proxies) stops what it
+started: every process the run started (found as its descendants before the signal) must be gone
+soon after it exits.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ def _alive(pid: int, cmdline: str) -> bool:
 
 
 @pytest.mark.timeout(300)
-def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path, signum: signal.Signals) -> None:
     work = tmp_path / "chaos-sigterm"
     waltz = Path(sys.executable).with_name("waltz")
     command = [str(waltz), "chaos", "--transactions", "1000000", "--seed", "7", "--work-dir", str(work)]
@@ -50,7 +53,7 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path) -> None:
         kinds = " ".join(started.values())
         for kind in ("waltz.services.storage", "waltz.services.server", "ZooKeeperServerMain"):
             assert kind in kinds, f"no {kind} process among {started}"
-        run.send_signal(signal.SIGTERM)
+        run.send_signal(signum)
         returncode = run.wait(STOP_TIMEOUT)
     finally:
         if run.poll() is None:
@@ -66,5 +69,5 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path) -> None:
     for pid in left:  # never leave them running, even when the test fails
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert returncode == 128 + signal.SIGTERM, "\n".join(seen[-30:])
-    assert left == {}, f"processes left running after SIGTERM: {left}"
+    assert returncode == 128 + signum, "\n".join(seen[-30:])
+    assert left == {}, f"processes left running after {signum.name}: {left}"

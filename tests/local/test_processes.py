@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -413,10 +414,16 @@ def test_wait_ready_returns_the_condition_value(process_factory: support.Process
 
 @pytest.mark.parametrize(
     "ending",
-    ["pass", "raise SystemExit(4)", "raise RuntimeError('the parent crashed')"],
-    ids=["normal-exit", "sys-exit", "uncaught-exception"],
+    [
+        "pass",
+        "raise SystemExit(4)",
+        "raise RuntimeError('the parent crashed')",
+        "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+    ],
+    ids=["normal-exit", "sys-exit", "uncaught-exception", "killed"],
 )
 def test_processes_left_running_are_killed_at_interpreter_exit(ending: str, tmp_path: Path) -> None:
+    """However the interpreter ends, ``kill -9`` too (no atexit then: the kernel kills the child)."""
     script = textwrap.dedent(
         f"""
         import sys
@@ -442,3 +449,19 @@ def test_processes_left_running_are_killed_at_interpreter_exit(ending: str, tmp_
     finally:
         if support.pid_is_alive(orphan):  # the safety net failed: do not leak the child
             os.kill(orphan, signal.SIGKILL)
+
+
+def test_a_process_started_by_a_thread_that_ends_keeps_running(
+    process_factory: support.ProcessFactory,
+) -> None:
+    """The child dies with the interpreter, not with the thread that started it (a fault
+    injector's thread restarts servers, then ends)."""
+    process = process_factory(python(SLEEPER), name="started-by-a-thread")
+    starter = threading.Thread(target=process.start)
+    starter.start()
+    starter.join(30)
+    assert not starter.is_alive()
+    assert "ready" in wait_for_log(process, "ready")
+    with pytest.raises(TimeoutError):
+        process.wait(1.0)  # the thread's end killed nothing
+    assert process.is_running()

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Self
 
 from waltz.local.cluster import LocalCluster
+from waltz.local.processes import spawn_tied
 
 __all__ = ["CHUNK_TRANSACTIONS", "RETENTION_ENV", "ChaosArchiver"]
 
@@ -93,7 +94,7 @@ class ChaosArchiver:
             "--root", self._cluster.root, "--log-level", "INFO",
         ]  # fmt: skip
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._process = subprocess.Popen(
+        self._process = spawn_tied(  # it dies with the run, even when the run is killed
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -54,11 +54,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     SIGTERM (``timeout``, a CI job cancelled, ``kill``) unwinds the command as Ctrl-C would, so
     that a tool which started processes (``waltz chaos``, ``waltz perf --local``, ``waltz demo``)
-    stops them before it exits with 143; commands that serve until SIGTERM install their own
-    handler.
+    stops them before it exits with 143; SIGHUP (its terminal closed) likewise, exiting with 129;
+    commands that serve until SIGTERM install their own handler.
     """
-    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is signal.SIG_DFL:  # SIGHUP stays ignored under nohup
+            signal.signal(signum, _exit_on_sigterm)
     try:
         app(args=list(argv) if argv is not None else None, prog_name="waltz")
     except ImportError as exc:

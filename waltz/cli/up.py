@@ -1,9 +1,9 @@
 """``waltz up``: run a local Waltz cluster (ZooKeeper, storage nodes, servers) until Ctrl-C.
 
 A thin layer over :class:`~waltz.local.cluster.LocalCluster`: parse options, start the
-cluster, print how to reach it, report processes that die, and stop everything on SIGINT or
-SIGTERM. Exit codes: 0 stopped on request; 1 the cluster could not start; 2 bad options; 130
-interrupted while starting.
+cluster, print how to reach it, report processes that die, and stop everything on SIGINT,
+SIGTERM or SIGHUP (its terminal closed). Exit codes: 0 stopped on request; 1 the cluster could
+not start; 2 bad options; 130 interrupted while starting.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def up(
     writable owner, and prints how to connect: the ZooKeeper connect string, the cluster root, the
     server endpoints, the storage and admin ports and the metrics ports.
 
-    Stop it with Ctrl-C or SIGTERM: servers first, then storage nodes, then ZooKeeper.
+    Stop it with Ctrl-C, SIGTERM or by closing its terminal (SIGHUP): servers first, then storage
+    nodes, then ZooKeeper. Should it be killed (kill -9), every process it started dies with it.
 
     Example: waltz up --storages 3 --servers 2 --partitions 8 --work-dir ./waltz-data
 
@@ -176,7 +177,9 @@ def up(
         received.append(signal.Signals(signum).name)
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGHUP: the terminal that runs it was closed.
+    stop_signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, interrupt) for sig in stop_signals}
     code = 0
     try:
         nodes = f"{storages} storage node(s) and {servers} server(s)"

@@ -6,7 +6,9 @@ starts it in its own process group, sends its output to a log file, and can kill
 (``kill -9``), stop it gracefully, freeze and thaw it, and start it again, which is what failover
 and crash tests need.
 A module-level registry kills every process still running when the interpreter exits, so a
-crashed test run never leaves servers behind.
+crashed test run never leaves servers behind; and on Linux every child is killed by the kernel
+when the interpreter that started it dies, however it dies (``kill -9`` too): see
+:func:`spawn_tied`.
 
 :func:`wait_until` is the one way to wait for a condition (never ``time.sleep`` in a loop); it
 fails with a message that says what it was waiting for.
@@ -16,15 +18,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import logging
 import os
+import queue
 import random
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import Literal, Self, TypeVar, overload
@@ -46,6 +52,7 @@ __all__ = [
     "ServiceStartError",
     "close_all",
     "free_port",
+    "spawn_tied",
     "wait_for_port",
     "wait_until",
 ]
@@ -279,6 +286,107 @@ def group_running_threads(pgid: int) -> int:
     return running
 
 
+#: ``PR_SET_PDEATHSIG`` of ``<linux/prctl.h>``: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _load_prctl() -> Callable[..., int] | None:
+    """libc's ``prctl``, resolved before any fork (the child only calls it); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """The ``preexec_fn`` that has the kernel SIGKILL the child when its parent dies.
+
+    It runs in the child between ``fork`` and ``exec`` (the setting survives ``exec``). Should the
+    parent have died before it, the child is already someone else's: it kills itself.
+    """
+    prctl = _PRCTL
+    assert prctl is not None
+    option, signum = ctypes.c_int(_PR_SET_PDEATHSIG), ctypes.c_ulong(int(signal.SIGKILL))
+
+    def preexec() -> None:
+        prctl(option, signum)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+class _Spawner:
+    """The thread that forks every managed process, alive as long as the interpreter.
+
+    The kernel sends ``PR_SET_PDEATHSIG`` when the *thread* that forked the child exits, not the
+    process: a server restarted by a thread that ends (a fault injector's, a pool worker's) would
+    be killed with that thread. Forking on one daemon thread that never returns ties every child
+    to the interpreter's life alone. A child process of the interpreter (``fork``) gets a thread
+    of its own on first use.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = -1
+        self._work: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]] = queue.SimpleQueue()
+
+    def run(self, action: Callable[[], T]) -> T:
+        """Run ``action`` on the spawner thread and return its value (or raise its exception)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._work = queue.SimpleQueue()
+                work = self._work
+                threading.Thread(target=self._serve, args=(work,), name="waltz-spawner", daemon=True).start()
+            work = self._work
+        done: Future[object] = Future()
+        work.put((action, done))
+        return done.result()  # type: ignore[return-value]
+
+    @staticmethod
+    def _serve(work: queue.SimpleQueue[tuple[Callable[[], object], Future[object]]]) -> None:
+        # Not bounded on purpose: the thread must outlive every child it forked, so it serves
+        # until the interpreter ends (a daemon thread, it never holds the exit up).
+        while True:
+            action, done = work.get()
+            try:
+                done.set_result(action())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
+def spawn_tied(args: Sequence[str], **popen_args: object) -> subprocess.Popen[bytes]:
+    """:class:`subprocess.Popen` whose child dies with this interpreter, however it ends.
+
+    On Linux the child is given ``PR_SET_PDEATHSIG`` = SIGKILL, and forked on a thread that lives
+    as long as the interpreter (the signal follows the forking thread); elsewhere this is plain
+    ``Popen``. ``popen_args`` are :class:`subprocess.Popen`'s, without ``preexec_fn``. A supervisor
+    killed with ``kill -9`` (or a terminal closed under it) then leaves no node behind
+    (docs/local-cluster.md, "`waltz up`").
+
+    Raises:
+        OSError: the program could not be executed.
+    """
+    if _PRCTL is None:
+        return subprocess.Popen(args, **popen_args)  # type: ignore[call-overload, no-any-return]
+    preexec = _die_with_parent(os.getpid())
+    # preexec_fn is unsafe when it takes a lock another thread held at the fork; this one takes
+    # none: a few system calls, through a function resolved before the fork.
+    return _SPAWNER.run(
+        lambda: subprocess.Popen(args, preexec_fn=preexec, **popen_args)  # type: ignore[call-overload]  # noqa: PLW1509
+    )
+
+
 def _register(process: ManagedProcess) -> None:
     with _registry_lock:
         _registry.add(process)
@@ -316,7 +424,8 @@ class ManagedProcess:
     """One OS child process in its own process group, with its output in a log file.
 
     ``start()`` runs ``args`` with :class:`subprocess.Popen` in a new session, so signals reach
-    the process and every child it forks (unless they leave the group themselves). Used as a
+    the process and every child it forks (unless they leave the group themselves). On Linux the
+    process dies with this interpreter, whichever thread started it (:func:`spawn_tied`). Used as a
     context manager, entering starts the process (unless it is running) and leaving kills it.
     After the process has exited (or been killed), ``start()`` runs it again with the same
     arguments, appending to the same log file.
@@ -426,7 +535,7 @@ class ManagedProcess:
                 )
                 log_file.flush()
             try:
-                self._popen = subprocess.Popen(
+                self._popen = spawn_tied(
                     self._args,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file if log_file is not None else subprocess.DEVNULL,
