@@ -23,6 +23,8 @@ The work directory (a temporary directory removed at :meth:`LocalCluster.close`,
 given by the caller and kept) holds::
 
     cluster.json          the layout (name, root, ports), to start a kept cluster again
+    processes.json        the processes started (name, PID, start time): the next start on the
+                          directory kills those a crashed run left running (:mod:`waltz.local.leftovers`)
     zookeeper-credentials/ the ZooKeeper credential of each role, ``<role>.digest`` holding
                           ``user:password`` (mode 0600), when ``SecurityOptions.zookeeper_auth``
                           is on (kept with the work directory, reused on resume; an earlier
@@ -65,6 +67,7 @@ from waltz.local.certificates import ClusterCertificates
 from waltz.local.cluster_metadata import ClusterMetadata
 from waltz.local.cluster_nodes import ClusterNodes
 from waltz.local.layout import LAYOUT_FILE, ClusterLayout
+from waltz.local.leftovers import PROCESSES_FILE, note_processes, stop_leftovers
 from waltz.local.namespaced import NamespaceHosts
 from waltz.local.netns import Host, NetworkLab
 from waltz.local.nodes import LocalServer, LocalStorageNode
@@ -75,7 +78,7 @@ from waltz.local.options import (
     ProcessOptions,
     SecurityOptions,
 )
-from waltz.local.processes import wait_until
+from waltz.local.processes import ManagedProcess, ServiceStartError, wait_until
 from waltz.local.readiness import (
     ClusterNotReadyError,
     PartitionOwner,
@@ -460,14 +463,19 @@ class LocalCluster:
         """Start ZooKeeper, the storage nodes and the servers, create the cluster, wait until ready.
 
         Storage nodes start while ZooKeeper does; on a kept work directory that holds a cluster
-        already (``cluster.json``), the same ports are used and the cluster is not created again.
+        already (``cluster.json``), the same ports are used and the cluster is not created again,
+        and the processes an earlier run on it left running (its ``processes.json``; a run
+        killed on a system where its nodes do not die with it) are killed first, as namespace
+        mode does with a crashed run's namespaces (docs/local-cluster.md, "`waltz up`").
 
         Raises:
             RuntimeError: the cluster was started before (a LocalCluster starts once).
             ConfigurationError: the work directory holds a different cluster, or a cluster exists
                 under the root already.
-            ServiceStartError: a process exited or did not open its ports, or a storage node
-                refused the cluster; the message ends with the tail of its log.
+            ServiceStartError: another process listens on a port of the kept cluster's nodes; a
+                process exited or did not open its ports, or a storage node refused the cluster;
+                or a process it started had exited by the time the cluster was ready (other
+                processes answer on its ports); the message ends with the tail of its log.
             ClusterNotReadyError: not every partition had a writable owner within
                 ``start_timeout`` seconds.
         """
@@ -486,6 +494,7 @@ class LocalCluster:
             private_directory(self._work_dir)
             self._security.check_own(self._work_dir)
             self._hold_work_dir()
+            stop_leftovers(self._work_dir)
             layout = self._load_layout()
             if layout is not None:
                 self._security.check_resumable(self._work_dir)
@@ -507,10 +516,13 @@ class LocalCluster:
                     {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
                 ),
             )
+            if layout is not None:
+                self._check_ports_free()
             for node in self._nodes.storages:
                 node.launch()
             if self._nodes.zookeeper is not None:
                 self._nodes.zookeeper.start()
+            self._note_processes()
             for node in self._nodes.storages:
                 node.wait_started(remaining())
             if not external:
@@ -530,9 +542,11 @@ class LocalCluster:
                 self._layout().save(self.work_dir / LAYOUT_FILE)
             for server in self._nodes.servers:
                 server.launch()
+            self._note_processes()
             for server in self._nodes.servers:
                 server.wait_started(remaining())
             self.wait_ready(remaining())
+            self._check_none_exited()
         except BaseException:
             self.close()
             raise
@@ -570,10 +584,50 @@ class LocalCluster:
                 self._hosts.close()
             if not self._keep and self._work_dir is not None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
+            elif self._work_dir is not None and self._work_dir_fd is not None:
+                (self._work_dir / PROCESSES_FILE).unlink(missing_ok=True)  # none runs any more
             if self._work_dir_fd is not None:
                 os.close(self._work_dir_fd)  # closing the descriptor releases the flock
                 self._work_dir_fd = None
         log.info("local cluster %r closed", self._name)
+
+    def _note_processes(self) -> None:
+        """Note the processes that run in the work directory (while this cluster holds it)."""
+        if self._work_dir is not None and self._work_dir_fd is not None:
+            note_processes(self._work_dir, self._nodes.processes())
+
+    def _check_ports_free(self) -> None:
+        """Fail before launching anything when another process listens on a port the kept
+        cluster's nodes use again: its answers would pass for theirs.
+
+        Raises:
+            ServiceStartError: one does; it names each node and port.
+        """
+        busy = self._nodes.ports_in_use()
+        if busy:
+            raise ServiceStartError(
+                f"the cluster kept in {self.work_dir} uses its ports again, and other processes listen "
+                f"on {', '.join(busy)} (nodes a crashed run left running, say: `ss -ltnp 'sport = :PORT'` "
+                "names the process on a port): stop them and start again, or use another work directory"
+            )
+
+    def _check_none_exited(self) -> None:
+        """Fail when a process this start launched has exited although the cluster answers.
+
+        Raises:
+            ServiceStartError: one has; it names each one and its log's last lines.
+        """
+        exited: list[ManagedProcess] = [p for p in self._nodes.processes() if not p.is_running()]
+        if not exited:
+            return
+        names = ", ".join(f"{p.name} (exit code {p.returncode})" for p in exited)
+        first = exited[0]
+        raise ServiceStartError(
+            f"the cluster answered, but {names} of this start exited: other processes answer on "
+            "their ports (nodes a crashed run left running, say: `ss -ltnp` names the process on "
+            f"a port); stop them and start again. The log of {first.name} ({first.log_path}) "
+            f"ends with:\n{first.log_tail()}"
+        )
 
     def _hold_work_dir(self) -> None:
         """Take the work directory for this cluster alone: an exclusive ``flock`` on it, held until
@@ -794,6 +848,7 @@ class LocalCluster:
     def restart_server(self, index: int) -> None:
         """Kill server ``index`` if it runs and start it again on the same port (waits for the port)."""
         self._nodes.restart("server", index)
+        self._note_processes()
 
     def pause_server(self, index: int) -> None:
         """Freeze server ``index`` (SIGSTOP), e.g. to test fencing of a paused owner."""
@@ -814,6 +869,7 @@ class LocalCluster:
     def restart_storage(self, index: int) -> None:
         """Kill storage node ``index`` if it runs and start it again (same directory and ports)."""
         self._nodes.restart("storage", index)
+        self._note_processes()
 
     def pause_storage(self, index: int) -> None:
         """Freeze storage node ``index`` (SIGSTOP)."""
@@ -841,6 +897,7 @@ class LocalCluster:
         if self._hosts is not None:
             self._hosts.heal()
         self._nodes.heal()
+        self._note_processes()
         return self.wait_ready(timeout)
 
     # --- description ------------------------------------------------------------------------------

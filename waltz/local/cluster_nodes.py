@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
@@ -261,6 +262,23 @@ class ClusterNodes:
         servers = [{"port": s.port, "metrics_port": s.metrics_port} for s in self._servers]
         return storages, servers
 
+    def ports_in_use(self) -> list[str]:
+        """The ports of the built nodes on this machine's loopback that another process listens
+        on now, each as ``<node> port <port>`` (none in namespace mode: each host is new)."""
+        ports: list[tuple[str, str, int | None]] = []
+        if self._zookeeper is not None:
+            ports.append(("zookeeper", self._zookeeper.host, self._zookeeper.port))
+        for node in self._storages:
+            name = node.process.name
+            ports += [(name, node.host, p) for p in (node.port, node.admin_port, node.metrics_port)]
+        for server in self._servers:
+            ports += [(server.process.name, server.host, p) for p in (server.port, server.metrics_port)]
+        return [
+            f"{name} port {port}"
+            for name, host, port in ports
+            if port is not None and host.startswith("127.") and _listened_on(host, port)
+        ]
+
     # --- one node at a time -------------------------------------------------------------------------
 
     def server(self, index: int) -> LocalServer:
@@ -347,6 +365,17 @@ class ClusterNodes:
             node.close()
         if self._zookeeper is not None:
             self._zookeeper.close()
+
+
+def _listened_on(host: str, port: int) -> bool:
+    """Whether a process listens on ``host:port`` (binding it as a server would fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed socket's TIME_WAIT is no one
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 def _pid(process: ManagedProcess) -> str:
