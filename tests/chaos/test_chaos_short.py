@@ -386,6 +386,56 @@ def test_a_ledger_database_that_cannot_work_is_refused_before_the_cluster_starts
     assert "s3cret-word" not in result.output + result.stderr
 
 
+def test_a_fixed_schedule_striking_what_the_cluster_lacks_is_refused() -> None:
+    """The fixed schedules strike server 1, and in namespace mode partition 1's owner: a cluster
+    without them is refused before anything starts (docs/chaos.md "The fault schedule")."""
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    with pytest.raises(ValueError, match=r"needs --servers 2 or more \(kill-server of server 1\): give them"):
+        ChaosOptions(schedule="fixed", servers=1, transactions=300).validate()
+    ChaosOptions(
+        schedule="fixed", servers=1, faults=(FaultKind.KILL_STORAGE, FaultKind.CUT_STORAGE)
+    ).validate()
+    ChaosOptions(schedule="random", servers=1, partitions=1).validate()
+    namespaces = tuple(sorted(NAMESPACE_FAULTS, key=lambda k: k.value))
+    with pytest.raises(ValueError) as raised:
+        ChaosOptions(
+            network="namespaces", faults=namespaces, schedule="fixed", servers=1, partitions=1
+        ).validate()
+    assert (
+        "--servers 2 or more (isolate-server of server 1) and --partitions 2 or more (one-way-owner "
+        in str(raised.value)
+    )
+    result = CliRunner().invoke(
+        app, ["chaos", "--schedule", "fixed", "--servers", "1", "--transactions", "300"]
+    )
+    assert result.exit_code == 2, result.output
+    assert "--servers 2 or more" in result.stderr and "cluster ready" not in result.output
+
+
+def test_a_work_dir_that_holds_an_earlier_run_is_refused(tmp_path: Path) -> None:
+    """A run starts a new cluster: the kept one of an earlier run (its fault proxies' ports in its
+    layout, its log) is refused, not resumed (docs/chaos.md "Work directory")."""
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    earlier = tmp_path / "earlier"
+    (earlier / "cluster").mkdir(parents=True)
+    (earlier / "cluster" / "cluster.json").write_text("{}")
+    (earlier / "archiver.log").write_text("")
+    with pytest.raises(ValueError, match=r"holds an earlier run \(cluster, archiver.log\)"):
+        ChaosOptions(work_dir=earlier).validate()
+    ChaosOptions(work_dir=tmp_path / "new").validate()
+    (tmp_path / "empty").mkdir()
+    ChaosOptions(work_dir=tmp_path / "empty").validate()
+    result = CliRunner().invoke(app, ["chaos", "--schedule", "fixed", "--work-dir", str(earlier)])
+    assert result.exit_code == 2, result.output
+    assert "holds an earlier run" in result.stderr and "cluster ready" not in result.output
+
+
 def test_archive_options_and_schedule() -> None:
     """--archive adds the archiving kinds to the fixed schedule; they are refused without it."""
     archiving = parse_fault_kinds("all", archive=True)

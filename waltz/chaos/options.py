@@ -22,6 +22,7 @@ from waltz.chaos.schedule import (
     FaultKind,
     fixed_schedule,
     random_schedule,
+    schedule_shortfalls,
 )
 from waltz.workloads.application import DEFAULT_APPLICATION
 
@@ -39,6 +40,8 @@ DEFAULT_TRANSACTIONS = 3000
 DURATION_TRANSACTION_CAP = 100_000_000
 #: Seconds of a ``duration`` run per fault of a random schedule (default fault count).
 SECONDS_PER_FAULT = 30.0
+#: What a run writes in its work directory: one that holds any of them holds an earlier run.
+RUN_ENTRIES = ("cluster", "clients", "archive", "archiver.log", "ledger.db")
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +156,9 @@ class ChaosOptions:
             ValueError: storages not 3 or 5, an unknown workload or schedule, ``batch`` or ``db_url``
                 with a workload other than the ledger, fewer transactions
                 than clients, a duration that is not positive, a ``split_to`` that is no split of
-                ``partitions`` (or with the ledger workload or the archiver).
+                ``partitions`` (or with the ledger workload or the archiver), a fixed schedule
+                that strikes a server, storage node or partition the cluster does not have, a
+                ``work_dir`` that holds an earlier run (docs/chaos.md "Work directory").
         """
         if self.storages not in (3, 5):
             raise ValueError(f"storages must be 3 or 5, got {self.storages}")
@@ -212,6 +217,24 @@ class ChaosOptions:
             raise ValueError(
                 f"fault kind(s) {', '.join(misplaced)} cut hosts apart: they need --network namespaces"
             )
+        if self.schedule == "fixed":
+            short = schedule_shortfalls(
+                self.make_schedule(), storages=self.storages, servers=self.servers, partitions=self.partitions
+            )
+            if short:
+                raise ValueError(
+                    f"the fixed schedule needs {' and '.join(short)}: give them, leave those fault kinds "
+                    "out of --faults, or use --schedule random (it strikes only what the cluster has)"
+                )
+        if self.work_dir is not None:
+            earlier = [name for name in RUN_ENTRIES if (self.work_dir / name).exists()]
+            if earlier:
+                raise ValueError(
+                    f"--work-dir {self.work_dir} holds an earlier run ({', '.join(earlier)}): a run "
+                    "starts a new cluster and checks its log from the first transaction; give a new or "
+                    "empty directory (to replay a run, give the replay line another --work-dir), or "
+                    "remove those first"
+                )
 
     def make_schedule(self) -> list[Fault]:
         """The run's fault schedule, with the split's fault at ``split_at`` when ``split_to`` is

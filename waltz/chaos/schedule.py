@@ -22,12 +22,15 @@ __all__ = [
     "NETWORK_FAULTS",
     "OWNER_FAULTS",
     "OWNER_PAUSE_MARGIN",
+    "SERVER_FAULTS",
     "SPLIT_FAULTS",
+    "STORAGE_FAULTS",
     "Fault",
     "FaultKind",
     "fixed_schedule",
     "parse_fault_kinds",
     "random_schedule",
+    "schedule_shortfalls",
 ]
 
 
@@ -123,6 +126,30 @@ SPLIT_FAULTS = frozenset({FaultKind.KILL_SERVER_SPLITTING})
 #: Kinds aimed at the owner of a partition (found when they strike), which last longer than the
 #: servers' session timeout so that the partition moves while they last.
 OWNER_FAULTS = frozenset({FaultKind.PAUSE_OWNER, FaultKind.SPLIT_OWNER, FaultKind.ONE_WAY_OWNER})
+#: Kinds whose targets are storage node indexes.
+STORAGE_FAULTS = frozenset(
+    {
+        FaultKind.KILL_STORAGE,
+        FaultKind.KILL_STORAGE_ARCHIVING,
+        FaultKind.PAUSE_STORAGE,
+        FaultKind.CUT_STORAGE,
+        FaultKind.DELAY_STORAGE,
+        FaultKind.ISOLATE_STORAGE,
+        FaultKind.PARTITION_STORAGE,
+        FaultKind.ONE_WAY_STORAGE,
+    }
+)
+#: Kinds whose targets are server indexes.
+SERVER_FAULTS = frozenset(
+    {
+        FaultKind.KILL_SERVER,
+        FaultKind.KILL_SERVER_ARCHIVING,
+        FaultKind.PAUSE_SERVER,
+        FaultKind.CUT_CLIENTS,
+        FaultKind.DELAY_CLIENTS,
+        FaultKind.ISOLATE_SERVER,
+    }
+)
 #: Kinds of the random schedule on loopback when ``--faults`` is ``all`` (or not given).
 DEFAULT_FAULTS: tuple[FaultKind, ...] = tuple(
     k for k in FaultKind if k not in NAMESPACE_FAULTS and k not in ARCHIVE_FAULTS and k not in SPLIT_FAULTS
@@ -237,25 +264,9 @@ def random_schedule(
     for at in points:
         kind = rng.choice(kinds)
         targets: tuple[int, ...] = ()
-        if kind in (
-            FaultKind.KILL_STORAGE,
-            FaultKind.KILL_STORAGE_ARCHIVING,
-            FaultKind.PAUSE_STORAGE,
-            FaultKind.CUT_STORAGE,
-            FaultKind.DELAY_STORAGE,
-            FaultKind.ISOLATE_STORAGE,
-            FaultKind.PARTITION_STORAGE,
-            FaultKind.ONE_WAY_STORAGE,
-        ):
+        if kind in STORAGE_FAULTS:
             targets = tuple(sorted(rng.sample(range(storages), rng.randint(1, _minority(storages)))))
-        elif kind in (
-            FaultKind.KILL_SERVER,
-            FaultKind.KILL_SERVER_ARCHIVING,
-            FaultKind.PAUSE_SERVER,
-            FaultKind.CUT_CLIENTS,
-            FaultKind.DELAY_CLIENTS,
-            FaultKind.ISOLATE_SERVER,
-        ):
+        elif kind in SERVER_FAULTS:
             targets = (rng.randrange(servers),)
         elif kind in OWNER_FAULTS:
             targets = (rng.randrange(partitions),)
@@ -325,3 +336,38 @@ def fixed_schedule(
         ]
     wanted = set(FaultKind) if kinds is None else set(kinds)
     return [f for f in schedule if f.kind in wanted]
+
+
+def schedule_shortfalls(
+    schedule: Iterable[Fault], *, storages: int, servers: int, partitions: int
+) -> list[str]:
+    """What a schedule strikes that the cluster does not have, one phrase per option to raise.
+
+    A fault of :data:`STORAGE_FAULTS` targets storage node indexes, of :data:`SERVER_FAULTS` server
+    indexes, of :data:`OWNER_FAULTS` and :data:`SPLIT_FAULTS` partitions (docs/chaos.md "The fault
+    schedule").
+
+    Returns:
+        E.g. ``["--servers 2 or more (kill-server of server 1)"]``; empty when every target exists.
+    """
+    counts = {"storage": storages, "server": servers, "partition": partitions}
+    needed: dict[str, tuple[int, list[str]]] = {}
+    for fault in schedule:
+        if not fault.targets:
+            continue
+        if fault.kind in STORAGE_FAULTS:
+            what = "storage"
+        elif fault.kind in SERVER_FAULTS:
+            what = "server"
+        elif fault.kind in OWNER_FAULTS or fault.kind in SPLIT_FAULTS:
+            what = "partition"
+        else:
+            continue
+        highest = max(fault.targets)
+        if highest >= counts[what]:
+            least, faults = needed.get(what, (0, []))
+            needed[what] = (max(least, highest + 1), [*faults, f"{fault.kind.value} of {what} {highest}"])
+    return [
+        f"--{what}s {least} or more ({', '.join(faults)})"
+        for what, (least, faults) in sorted(needed.items(), key=lambda item: list(counts).index(item[0]))
+    ]

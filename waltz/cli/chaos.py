@@ -116,7 +116,11 @@ def chaos(
     in_flight: Annotated[int, typer.Option(help="Transactions in flight per client.", min=1)] = 32,
     lock_pool: Annotated[int, typer.Option(help="Write locks are drawn from this many.", min=1)] = 1000,
     work_dir: Annotated[
-        Path | None, typer.Option(help="Data and logs go here, kept (default: a temporary directory).")
+        Path | None,
+        typer.Option(
+            help="Data and logs go here, kept: a new or empty directory, as a run starts a new cluster "
+            "(default: a temporary directory)."
+        ),
     ] = None,
     keep: Annotated[
         bool, typer.Option(help="Keep the temporary work directory after a passing run.")
