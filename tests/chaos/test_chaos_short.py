@@ -606,3 +606,53 @@ def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path)
     segment.write_bytes(bytes(data))
     differing = check_local_ranges(local_ranges(storage_dirs), marks, through, 3)[1]
     assert not differing.passed and "differ" in differing.detail, differing.detail
+
+
+def test_archive_without_pyarrow_is_refused_before_anything_starts() -> None:
+    """In a process where pyarrow cannot be imported (``None`` in ``sys.modules``, as for a missing
+    package), ``waltz chaos --archive`` says which extra to install and exits 2 at once."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; sys.modules['pyarrow'] = None\n"
+        "from waltz.cli.main import main\n"
+        "main(['chaos', '--archive', '--schedule', 'fixed', '--transactions', '300'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "WALTZ_LOG_LEVEL": "WARNING"},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--archive: the archiver cannot run: pyarrow is not installed here" in result.stderr, result.stderr
+    assert "pip install 'waltz-py[archive]'" in result.stderr, result.stderr
+    assert "fault schedule" not in result.stdout, result.stdout
+
+
+def test_an_archiver_that_exits_on_its_own_is_reported_and_one_killed_is_not(tmp_path: Path) -> None:
+    """The run fails as soon as its archiver exits on its own (here: its archive location is a
+    file); a ``kill-archiver`` fault's kill is no failure (docs/chaos.md "Archiving under faults")."""
+    _require_zookeeper()
+    from waltz.chaos.archiving import ChaosArchiver
+    from waltz.local.cluster import LocalCluster
+    from waltz.local.options import SecurityOptions
+    from waltz.local.processes import wait_until
+
+    with LocalCluster(storages=1, servers=1, partitions=1, security=SecurityOptions.plaintext()) as cluster:
+        with ChaosArchiver(cluster, tmp_path / "archive", tmp_path / "killed.log") as archiver:
+            archiver.start()
+            archiver.kill()
+            assert archiver.failure() is None
+        location = tmp_path / "a-file"
+        location.write_text("not an archive")
+        with ChaosArchiver(cluster, location, tmp_path / "archiver.log") as archiver:
+            assert archiver.failure() is None
+            archiver.start()
+            failure = wait_until(archiver.failure, timeout=60, what="the archiver to exit on its own")
+    assert "the archiver exited on its own with code" in failure, failure
+    assert str(tmp_path / "archiver.log") in failure, failure

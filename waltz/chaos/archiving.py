@@ -66,6 +66,8 @@ class ChaosArchiver:
         self._chunks = 0
         self._starts = 0
         self._condition = threading.Condition()
+        # Set while the process is down on purpose (killed by a fault, stopped at the end).
+        self._ended_on_purpose = False
 
     @property
     def chunks(self) -> int:
@@ -87,6 +89,7 @@ class ChaosArchiver:
         """Start the archiver (a no-op while it runs)."""
         if self.running:
             return
+        self._ended_on_purpose = False
         command = [
             sys.executable, "-m", "waltz", "archive", "run", "--to", str(self.location), "--follow",
             "--chunk-transactions", str(CHUNK_TRANSACTIONS), "--seal-after", f"{SEAL_AFTER:g}",
@@ -109,6 +112,7 @@ class ChaosArchiver:
 
     def kill(self) -> None:
         """``kill -9`` the archiver, wherever it is in its round."""
+        self._ended_on_purpose = True
         if self._process is not None and self._process.poll() is None:
             self._process.send_signal(signal.SIGKILL)
             self._process.wait(30)
@@ -128,6 +132,7 @@ class ChaosArchiver:
         process = self._process
         if process is None:
             return None
+        self._ended_on_purpose = True
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             try:
@@ -138,6 +143,26 @@ class ChaosArchiver:
                 process.wait(30)
         self._join_reader()
         return process.returncode
+
+    def failure(self) -> str | None:
+        """Why the archiver exited on its own (an error: ``--follow`` runs until stopped), or None
+        while it runs, before it started, or when it was killed or stopped on purpose.
+
+        Returns:
+            A sentence with its exit code and the last lines of its output.
+        """
+        process = self._process
+        if process is None or self._ended_on_purpose or process.poll() is None:
+            return None
+        self._join_reader()  # its last lines are in the log once the reader has them
+        try:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
+        except OSError:
+            tail = "(no output)"
+        return (
+            f"the archiver exited on its own with code {process.returncode}; its output "
+            f"({self.log_path}) ends with:\n{tail}"
+        )
 
     def wait_for_chunk(self, timeout: float) -> bool:
         """Wait until the archiver reports a chunk after this call: a round is then in progress.

@@ -442,6 +442,9 @@ def _submit_phase(
     try:
         while not all(w.state in ("submitted", "done", "error") for w in workers):
             clients.pump(0.5)
+            failure = archiver.failure() if archiver is not None else None
+            if failure is not None:  # the archive checks would fail: say so now, not at the end
+                raise RuntimeError(failure)
             now = time.monotonic()
             elapsed = now - started
             if duration is not None and elapsed > duration and not stop.is_set():

@@ -15,6 +15,7 @@ import typer
 
 from waltz.cli.database_urls import require_reachable
 from waltz.cli.options import NodesLogLevelOption
+from waltz.cli.output import missing_extra
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION, load_application
@@ -199,6 +200,12 @@ def chaos(
     except ValueError as exc:
         typer.echo(f"--faults: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if archive:
+        # The archiver needs pyarrow: say so now, not after a run with a dead archiver.
+        hint = missing_extra(ModuleNotFoundError(name="pyarrow"))
+        if hint is not None:
+            typer.echo(f"--archive: the archiver cannot run: {hint}", err=True)
+            raise typer.Exit(2)
     if workload == "ledger":
         try:
             load_application(app)  # the workers import it again: fail here, before anything starts
