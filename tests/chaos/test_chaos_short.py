@@ -656,3 +656,45 @@ def test_an_archiver_that_exits_on_its_own_is_reported_and_one_killed_is_not(tmp
             failure = wait_until(archiver.failure, timeout=60, what="the archiver to exit on its own")
     assert "the archiver exited on its own with code" in failure, failure
     assert str(tmp_path / "archiver.log") in failure, failure
+
+
+def test_stopping_during_an_archive_fault_s_wait_ends_it_at_once_without_striking(tmp_path: Path) -> None:
+    """An archiving fault waits (up to a minute) for the archiver's next chunk; a run that stops
+    meanwhile (SIGTERM, its clients done) ends the wait at once and strikes nothing
+    (docs/chaos.md "Archiving under faults"). The archiver never runs here: no chunk comes."""
+    import threading
+
+    from waltz.chaos.archiving import ChaosArchiver
+    from waltz.chaos.faults import FaultInjector
+    from waltz.chaos.schedule import Fault
+    from waltz.local.cluster import LocalCluster
+    from waltz.local.processes import wait_until
+
+    cluster = LocalCluster(storages=1, servers=1, partitions=1)  # never started: nothing is struck
+    archiver = ChaosArchiver(cluster, tmp_path / "archive", tmp_path / "archiver.log")
+    lines: list[str] = []
+    gates: list[float] = []
+    injector = FaultInjector(
+        lambda: cluster,
+        [Fault(0.0, FaultKind.KILL_ARCHIVER, (), 1.0)],
+        lambda: 1.0,
+        [],
+        [],
+        lines.append,
+        gate=gates.append,
+        archiver=archiver,
+    )
+    injector.start()
+    # The clients are let on to half way to the next point: the fault now waits for a chunk.
+    wait_until(lambda: 0.5 in gates, timeout=5, what="the fault to wait for the archiver's chunk")
+    started = time.monotonic()
+    injector.stop(timeout=30.0)
+    assert time.monotonic() - started < 5.0, lines
+    assert injector.struck == [] and injector.errors == [], (injector.struck, injector.errors)
+    assert any("kill-archiver for 1.0s not struck: the run is stopping" in line for line in lines), lines
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    started = time.monotonic()
+    assert not archiver.wait_for_chunk(60.0, stop)
+    assert time.monotonic() - started < 5.0

@@ -41,6 +41,8 @@ CHUNK_TRANSACTIONS = 200
 SEAL_AFTER = 1.0
 #: Seconds between two rounds of the archiver.
 INTERVAL = 0.5
+#: Seconds between two looks at the stop event while :meth:`ChaosArchiver.wait_for_chunk` waits.
+_STOP_CHECK = 0.1
 #: What the archiver prints for each chunk it writes, adopts or replaces.
 _CHUNK_LINE_MARKS = ("chunk written", "chunk adopted", "chunk replaced")
 
@@ -164,24 +166,30 @@ class ChaosArchiver:
             f"({self.log_path}) ends with:\n{tail}"
         )
 
-    def wait_for_chunk(self, timeout: float) -> bool:
+    def wait_for_chunk(self, timeout: float, stop: threading.Event | None = None) -> bool:
         """Wait until the archiver reports a chunk after this call: a round is then in progress.
 
         After a chunk line the archiver adds the chunk to the manifest, raises ZooKeeper's
         archived-through, tells the replicas, then reads the partition's next chunk or goes on to
         the next partition.
 
+        Args:
+            timeout: seconds to wait at most.
+            stop: ends the wait as soon as it is set (within :data:`_STOP_CHECK` seconds): the
+                run is stopping (docs/chaos.md "Archiving under faults").
+
         Returns:
-            True when a chunk was reported within ``timeout`` seconds.
+            True when a chunk was reported within ``timeout`` seconds; False after ``timeout``
+            seconds, or once ``stop`` is set.
         """
         deadline = time.monotonic() + timeout
         with self._condition:
             seen = self._chunks
             while self._chunks == seen:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if remaining <= 0 or (stop is not None and stop.is_set()):
                     return False
-                self._condition.wait(remaining)
+                self._condition.wait(min(remaining, _STOP_CHECK) if stop is not None else remaining)
         return True
 
     def close(self) -> None:

@@ -144,6 +144,9 @@ class FaultInjector:
                 self.errors.append(f"could not strike {fault.describe()}: {exc!r}")
                 self._gate(next_point)
                 continue
+            if heal is None:  # the run stopped while the fault waited for its moment
+                self._note(f"{fault.describe()} not struck: the run is stopping")
+                return
             # The last fault holds the clients half way to the end until it is healed: else they
             # would finish while it lasts, and the run would stop it early, without load.
             self._gate(next_point if next_point < 1.0 else (fault.at + 1.0) / 2)
@@ -176,8 +179,8 @@ class FaultInjector:
                 return index
         return cluster.owner_index(partition_id)
 
-    def _strike(self, fault: Fault) -> Callable[[], None]:
-        """Strike a fault; return what heals it."""
+    def _strike(self, fault: Fault) -> Callable[[], None] | None:
+        """Strike a fault; return what heals it, or None when the run stopped before it struck."""
         cluster = self._cluster()
         kind, targets = fault.kind, fault.targets
         if kind in ARCHIVE_FAULTS:
@@ -237,12 +240,16 @@ class FaultInjector:
 
         return undelay
 
-    def _strike_archiving(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None]:
-        """Strike a fault of ``--archive`` right after the archiver reports a chunk; return its heal."""
+    def _strike_archiving(self, cluster: LocalCluster, fault: Fault) -> Callable[[], None] | None:
+        """Strike a fault of ``--archive`` right after the archiver reports a chunk; return its heal,
+        or None when :meth:`stop` came while it waited (it is not struck then)."""
         archiver = self._archiver
         if archiver is None:
             raise RuntimeError(f"{fault.kind.value} needs the archiver: run with --archive")
-        if archiver.wait_for_chunk(_CHUNK_WAIT):
+        reported = archiver.wait_for_chunk(_CHUNK_WAIT, self._stop)
+        if self._stop.is_set():
+            return None
+        if reported:
             self._note(f"the archiver reported chunk {archiver.chunks}: an archive round is in progress")
         else:
             self._note(f"the archiver reported no chunk in {_CHUNK_WAIT:g}s; striking anyway")
