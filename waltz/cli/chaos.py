@@ -69,7 +69,9 @@ def chaos(
     fault_count: Annotated[
         int | None,
         typer.Option(
-            help="Faults of a random schedule (default: one per 5,000 transactions, 3 to 200).", min=0
+            help="Faults of a random schedule (default: one per 5,000 transactions, or with --duration "
+            "one per 30 s; at least 3, at most 200).",
+            min=0,
         ),
     ] = None,
     max_fault_duration: Annotated[
