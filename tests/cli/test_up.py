@@ -110,3 +110,14 @@ def test_waltz_up_on_an_external_zookeeper_says_so_and_names_an_exited_node_s_lo
         )
     said = output.read_text()
     assert "stopped the servers and the storage nodes; data and logs kept in" in said, said
+
+
+def test_client_hosts_on_loopback_is_refused_naming_the_flag_to_add() -> None:
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    result = CliRunner().invoke(app, ["up", "--client-hosts", "2"])
+    assert result.exit_code == 2, result.output
+    assert "--client-hosts 2 makes hosts of namespace mode: add --network namespaces" in result.stderr
+    assert "NetworkOptions" not in result.stderr and "starting" not in result.output

@@ -146,6 +146,11 @@ def up(
     try:
         if network not in ("loopback", "namespaces"):
             raise ConfigurationError(f"--network must be loopback or namespaces, not {network!r}")
+        if client_hosts and network != "namespaces":
+            raise ConfigurationError(
+                f"--client-hosts {client_hosts} makes hosts of namespace mode: add --network namespaces "
+                "(or leave --client-hosts out: on loopback, clients run on this machine)"
+            )
         if network == "namespaces":
             from waltz.local.netns import network_lab_unavailable
 

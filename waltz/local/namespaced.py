@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import TypedDict
 
 from waltz.errors import ConfigurationError
-from waltz.local.netns import Host, NetworkLab, NetworkLabError, network_lab_unavailable, unused_subnet
+from waltz.local.netns import (
+    Host,
+    NetworkLab,
+    NetworkLabError,
+    SubnetTakenError,
+    network_lab_unavailable,
+    unused_subnet,
+)
 
 __all__ = ["NAMESPACE_PORTS", "NamespaceHosts", "Placement"]
 
@@ -89,7 +96,9 @@ class NamespaceHosts:
         Raises:
             ConfigurationError: namespaces are not possible here (not root, no ``ip``), or the
                 kept subnet is not the one asked for.
-            NetworkLabError: the lab could not be built (another lab holds the subnet given).
+            SubnetTakenError: another lab (or a network of the machine) holds the kept subnet,
+                or the subnet given.
+            NetworkLabError: the lab could not be built.
         """
         reason = network_lab_unavailable()
         if reason is not None:
@@ -108,6 +117,19 @@ class NamespaceHosts:
             try:
                 self._lab.start()
                 return
+            except SubnetTakenError as exc:
+                self._lab = None
+                if kept is not None:  # the kept cluster's addresses are in ZooKeeper: no other will do
+                    raise SubnetTakenError(
+                        f"the work directory's cluster runs on {kept} (its storage nodes' addresses are "
+                        f"in ZooKeeper), and {exc.taken} of {exc.device} on this machine overlaps it now: "
+                        "stop the other lab that holds it (another `waltz up --network namespaces`, or a "
+                        "`waltz chaos --network namespaces` run), or use another work directory",
+                        taken=exc.taken,
+                        device=exc.device,
+                    ) from exc
+                if given is not None or attempt + 1 == _SUBNET_ATTEMPTS:
+                    raise
             except NetworkLabError:
                 self._lab = None
                 if given is not None or attempt + 1 == _SUBNET_ATTEMPTS:

@@ -44,6 +44,7 @@ __all__ = [
     "Host",
     "NetworkLab",
     "NetworkLabError",
+    "SubnetTakenError",
     "enter_namespace",
     "network_lab_unavailable",
     "nft_unavailable",
@@ -70,6 +71,20 @@ class NetworkLabError(WaltzError):
 
     The message names the command and ends with its error output.
     """
+
+
+class SubnetTakenError(NetworkLabError):
+    """The subnet of a lab overlaps a network of the machine (another lab's, say).
+
+    Attributes:
+        taken: the network of the machine it overlaps, e.g. ``10.77.128.0/24``.
+        device: the device that network is on (a bridge of another lab: ``wzlab<run>-br``).
+    """
+
+    def __init__(self, message: str, *, taken: str, device: str) -> None:
+        super().__init__(message)
+        self.taken = taken
+        self.device = device
 
 
 @dataclass(frozen=True)
@@ -289,6 +304,7 @@ class NetworkLab:
         """Create the bridge, the namespaces and their links, and bring everything up.
 
         Raises:
+            SubnetTakenError: the subnet overlaps a network of the machine (another lab's).
             NetworkLabError: an ``ip`` command failed; everything created is removed again.
         """
         if self._built:
@@ -308,9 +324,11 @@ class NetworkLab:
                 taken = [(n, d) for n, d in _networks_in_use() if n.overlaps(self._network)]
                 if taken:
                     network, device = taken[0]
-                    raise NetworkLabError(
+                    raise SubnetTakenError(
                         f"subnet {self._network} overlaps {network} of {device} on this machine (another "
-                        "lab, or a network of the machine): give the lab another subnet"
+                        "lab, or a network of the machine): give the lab another subnet",
+                        taken=str(network),
+                        device=device,
                     )
                 _run(["ip", "link", "add", self.bridge, "type", "bridge"])
                 _run(["ip", "addr", "add", f"{self.bridge_address}/{self._prefixlen}", "dev", self.bridge])
