@@ -55,6 +55,7 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path, signum: signa
             assert kind in kinds, f"no {kind} process among {started}"
         run.send_signal(signum)
         returncode = run.wait(STOP_TIMEOUT)
+        seen += run.stdout.read().splitlines()
     finally:
         if run.poll() is None:
             run.kill()
@@ -71,3 +72,4 @@ def test_sigterm_stops_the_cluster_the_run_started(tmp_path: Path, signum: signa
             os.kill(pid, signal.SIGKILL)
     assert returncode == 128 + signum, "\n".join(seen[-30:])
     assert left == {}, f"processes left running after {signum.name}: {left}"
+    assert f"INTERRUPTED; logs and data kept in {work}" in seen, "\n".join(seen[-30:])

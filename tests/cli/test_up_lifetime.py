@@ -102,3 +102,27 @@ def test_a_killed_waltz_up_leaves_no_node_running(tmp_path: Path) -> None:
         if found is not None:  # nobody is left to remove it
             shutil.rmtree(found.group(1), ignore_errors=True)
     assert left == {}, f"processes left running after kill -9 of waltz up: {left}"
+
+
+def test_a_failed_start_keeps_the_temporary_directory_its_error_names() -> None:
+    """The error of a start that failed names a log in the temporary work directory, and says that
+    the directory is kept: the log it names is there to read."""
+    argv = [sys.executable, "-m", "waltz", "up", "--storages", "1", "--servers", "1", "--partitions", "1"]
+    result = subprocess.run(
+        [*argv, "--insecure", "--no-zookeeper-auth", "--timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT,
+        check=False,
+    )
+    found = re.search(r"its temporary work directory (\S+), with every log, is kept", result.stderr)
+    named = re.search(r"\((/tmp/waltz-local-[^/]+)/\S+\.log\)", result.stderr)
+    try:
+        assert result.returncode == 1, result.stderr
+        assert named is not None, result.stderr
+        assert found is not None and found.group(1) == named.group(1), result.stderr
+        assert Path(named.group(1)).is_dir(), result.stderr
+    finally:
+        for match in (found, named):
+            if match is not None:
+                shutil.rmtree(match.group(1), ignore_errors=True)

@@ -149,6 +149,10 @@ def run_chaos(options: ChaosOptions, say: Say = log.info) -> ChaosResult:
     except Exception as exc:
         log.exception("the chaos run stopped")
         result.errors.append(f"{type(exc).__name__}: {exc}")
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: everything started is stopped; say what is left
+        with contextlib.suppress(OSError):  # a closed terminal takes no more lines
+            say(f"INTERRUPTED; logs and data kept in {work_dir}")
+        raise
     for check in result.checks:
         say(f"{'PASS' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
     for error in result.errors:

@@ -171,6 +171,7 @@ def up(
             network=NetworkOptions(
                 mode="namespaces" if network == "namespaces" else "loopback", client_hosts=client_hosts
             ),
+            keep_on_failure=True,
         )
     except ConfigurationError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
@@ -200,7 +201,18 @@ def up(
             typer.echo(f"{received[-1] if received else 'interrupted'} while starting: stopped everything")
             code = 130
         except (WaltzError, OSError) as exc:
-            typer.secho(f"error: the local cluster could not start: {exc}", err=True, fg=typer.colors.RED)
+            failed_dir = cluster.failed_start_dir
+            typer.secho(
+                f"error: the local cluster could not start: {exc}"
+                + (
+                    f"\nits temporary work directory {failed_dir}, with every log, is kept: "
+                    "remove it when done"
+                    if failed_dir
+                    else ""
+                ),
+                err=True,
+                fg=typer.colors.RED,
+            )
             code = 1
         if code == 0:
             try:

@@ -140,6 +140,9 @@ class LocalCluster:
             (:class:`~waltz.local.options.SecurityOptions`); None: its defaults.
         network: loopback or a host of its own per process, client hosts, subnet
             (:class:`~waltz.local.options.NetworkOptions`); None: its defaults (loopback).
+        keep_on_failure: keep the temporary work directory (``work_dir`` None) when
+            :meth:`start` fails, for the logs its error names (:attr:`failed_start_dir`); by
+            default it is removed.
 
     Raises:
         ConfigurationError: an argument is out of range, or namespace mode is asked for with an
@@ -161,6 +164,7 @@ class LocalCluster:
         processes: ProcessOptions | None = None,
         security: SecurityOptions | None = None,
         network: NetworkOptions | None = None,
+        keep_on_failure: bool = False,
     ) -> None:
         processes = processes or ProcessOptions()
         network = network or NetworkOptions()
@@ -213,6 +217,9 @@ class LocalCluster:
         self._state = "new"
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
+        self._keep_on_failure = keep_on_failure
+        self.failed_start_dir: Path | None = None
+        """The temporary work directory kept after :meth:`start` failed (``keep_on_failure``), else None."""
 
     # --- what the cluster is ----------------------------------------------------------------------
 
@@ -547,7 +554,13 @@ class LocalCluster:
                 server.wait_started(remaining())
             self.wait_ready(remaining())
             self._check_none_exited()
-        except BaseException:
+        except BaseException as exc:
+            if (
+                self._keep_on_failure
+                and not self._keep
+                and not isinstance(exc, KeyboardInterrupt | SystemExit)
+            ):
+                self.failed_start_dir = self._work_dir  # its logs are what the error points to
             self.close()
             raise
         self._state = "running"
@@ -582,7 +595,7 @@ class LocalCluster:
             self._nodes.close()
             if self._hosts is not None:
                 self._hosts.close()
-            if not self._keep and self._work_dir is not None:
+            if not self._keep and self._work_dir is not None and self.failed_start_dir is None:
                 shutil.rmtree(self._work_dir, ignore_errors=True)
             elif self._work_dir is not None and self._work_dir_fd is not None:
                 (self._work_dir / PROCESSES_FILE).unlink(missing_ok=True)  # none runs any more
