@@ -39,6 +39,7 @@ from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import ProcessOptions, SecurityOptions
+from waltz.local.processes import wait_until
 from waltz.metadata.assignment import MEMBER_PREFIX, PARTITION_EPOCHS_FEATURE, Member, read_members
 from waltz.metadata.epochs import EpochState, PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.values import DiscoveryParams
@@ -250,7 +251,14 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
             admin.storage.add(added.address, added.admin_port)
             assigned = admin.storage.assign(added.address, [3], force=True)
             assert assigned.changed == (3,)
-            assert admin.storage.max_transaction_ids(added.address, [3]) == {3: -1}  # caught up later
+            # Created empty, it is caught up from its peers: its log starts at the child's start
+            # (a reset start, which a replica holding nothing may take), then copies the genesis.
+            wait_until(
+                lambda: admin.storage.max_transaction_ids(added.address, [3]) == {3: barriers[1] + 1},
+                timeout=60,
+                what="the added replica of child 3 to catch up to its genesis",
+                interval=0.5,
+            )
             admin.storage.unassign(added.address, [3], force=True, delete_storage_files=True)
             admin.storage.remove(added.address)
 

@@ -143,6 +143,22 @@ def test_a_truncation_below_the_local_start_is_refused(disk: Disk) -> None:
     assert (partition.local_start, partition.max_transaction_id) == (50, 49)
 
 
+def test_a_replica_that_holds_no_record_starts_its_log_anywhere_above_its_max(disk: Disk) -> None:
+    """A new replica of a split's child (whose log starts after its parent's barrier) or of a
+    restored partition erases nothing by a reset start: the archive need not hold what it skips
+    (docs/design/archive.md, "Reads below the local start")."""
+    partition = disk.open()
+    assert (partition.local_start, partition.max_transaction_id) == (0, -1)
+    partition.reset_start(46)
+    assert (partition.local_start, partition.max_transaction_id) == (46, 45)
+    partition.reset_start(60)  # still empty: again
+    assert (partition.local_start, partition.max_transaction_id) == (60, 59)
+    partition.append(records(60, 3))
+    with pytest.raises(ProtocolError, match="knows the archive holds the partition through -1 only"):
+        partition.reset_start(100)  # now it would erase 60..62
+    assert (partition.local_start, partition.max_transaction_id) == (60, 62)
+
+
 def test_reset_start_discards_the_log_and_starts_it_after_the_gap(disk: Disk) -> None:
     partition = filled(disk, 40)
     assert len(partition.segment_spans()) > 3

@@ -564,10 +564,14 @@ class StoragePartition:
         ``server`` role) may not erase committed transactions the archive is not known to hold,
         as it may not truncate below the committed floor (docs/design/archive.md, "Reads below
         the local start"). A replica that has not been told yet is refused until the archiver's
-        next round tells it; the server's catch-up tries again.
+        next round tells it; the server's catch-up tries again. A replica that holds no record
+        discards nothing: it may start anywhere above its max + 1 (a replica added to a split's
+        child, whose log starts after its parent's barrier, or to a partition restored from the
+        archive, catches up from its peers' local start so).
 
         Raises:
-            ProtocolError: not above ``max_transaction_id + 1``, or above ``archived_through + 1``.
+            ProtocolError: not above ``max_transaction_id + 1``, or, for a replica holding
+                records, above ``archived_through + 1``.
         """
         if first_transaction_id <= self.max_transaction_id + 1:
             raise ProtocolError(
@@ -575,7 +579,8 @@ class StoragePartition:
                 f"{first_transaction_id}: a reset start must be above the max transaction ID + 1 "
                 f"({self.max_transaction_id + 1}); the replica can copy from there"
             )
-        if first_transaction_id - 1 > self._archived_through:
+        holds_records = self.max_transaction_id >= self.local_start
+        if holds_records and first_transaction_id - 1 > self._archived_through:
             raise ProtocolError(
                 f"partition {self.partition_id}: refused to start the log at transaction "
                 f"{first_transaction_id}: the transactions below it would be on no replica of this "
