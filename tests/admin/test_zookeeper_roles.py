@@ -291,6 +291,24 @@ def _session(zookeeper: Zk, digest: str) -> KazooClient:
     return connect_zookeeper(zookeeper.connect_string, security=ZooKeeperSecurity(digest))
 
 
+def _create_with_roles(
+    zookeeper: Zk, root: str, credentials: RoleCredentials, name: str, partitions: int
+) -> None:
+    """Create a cluster with role credentials under ``root``, on a storage node that need not run."""
+    operator = _session(zookeeper, credentials.operator)
+    try:
+        ClusterZk(operator, root).create(
+            ClusterParams(name, partitions, uuid.uuid4()),
+            ReplicaAssignments({"127.0.0.1:1": tuple(range(partitions))}),
+            GroupDescriptor({"127.0.0.1:1": 0}),
+            ConnectionMetadata({"127.0.0.1:1": 2}),
+            roles=credentials.identities(),
+        )
+    finally:
+        operator.stop()
+        operator.close()
+
+
 def test_a_server_can_neither_take_nor_remove_the_operators_preferred_partitions(
     zookeeper: LocalZooKeeper | DockerZooKeeper, zk_root: str, digests: Path
 ) -> None:
@@ -358,18 +376,7 @@ def test_a_server_holding_the_operators_credential_refuses_to_start(
     """Its election and assignment znodes would get the operators' ACL, which the servers started
     with their own credential could not use (docs/design/zookeeper.md, "Roles")."""
     credentials = RoleCredentials.load_or_generate(digests)
-    operator = _session(zookeeper, credentials.operator)
-    try:
-        ClusterZk(operator, zk_root).create(
-            ClusterParams("roles", 1, uuid.uuid4()),
-            ReplicaAssignments({"127.0.0.1:1": (0,)}),
-            GroupDescriptor({"127.0.0.1:1": 0}),
-            ConnectionMetadata({"127.0.0.1:1": 2}),
-            roles=credentials.identities(),
-        )
-    finally:
-        operator.stop()
-        operator.close()
+    _create_with_roles(zookeeper, zk_root, credentials, "roles", 1)
     operator_file = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": str(digests / ROLE_DIGEST_FILES[Role.OPERATOR])}
     server = start_server(request, zookeeper, zk_root, tmp_path / "server-as-operator.log", operator_file)
     try:
@@ -397,18 +404,7 @@ def test_wrong_roots_and_refused_commands_get_one_clear_line_and_no_advice_to_de
     "Checking the root")."""
     credentials = RoleCredentials.load_or_generate(digests)
     inner = f"{zk_root}/c1"
-    operator = _session(zookeeper, credentials.operator)
-    try:
-        ClusterZk(operator, inner).create(
-            ClusterParams("inner", 2, uuid.uuid4()),
-            ReplicaAssignments({"127.0.0.1:1": (0, 1)}),
-            GroupDescriptor({"127.0.0.1:1": 0}),
-            ConnectionMetadata({"127.0.0.1:1": 2}),
-            roles=credentials.identities(),
-        )
-    finally:
-        operator.stop()
-        operator.close()
+    _create_with_roles(zookeeper, inner, credentials, "inner", 2)
     files = {role: str(digests / name) for role, name in ROLE_DIGEST_FILES.items()}
     as_operator = {"WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": files[Role.OPERATOR]}
     listed = cluster_cli(zookeeper, zk_root, "list", env=as_operator, expect=2)

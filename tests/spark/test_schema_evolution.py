@@ -1090,25 +1090,15 @@ def test_a_spark_timestamp_is_taken_as_the_local_time_it_is_given_in() -> None:
     assert out.stdout.split() == ["2026-03-01T23:30:00+00:00", "None", "7"]
 
 
-def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_model_s_table(
-    tmp_path: Path,
-) -> None:
-    """The manifest says which table held an entity's rows: when the snapshot has no file of that
-    table, the entity has no rows in it, even where a file is named after the model's table now
-    (rows of that table, not of the entity); a ``table`` that is not a string is refused."""
+def _renamed_snapshot(tmp_path: Path, entities: list[type[Any]]) -> AppViews:
+    """A snapshot in ``tmp_path / "snapshot"`` of ``RenameV2``'s table (rows 1 and 2) with
+    ``entities`` declared; its views."""
     from sqlalchemy import insert
 
-    from waltz.spark.snapshot import (
-        MANIFEST_NAME,
-        SnapshotError,
-        entity_file,
-        read_manifest,
-        stored_rows,
-        write_snapshot,
-    )
+    from waltz.spark.snapshot import write_snapshot
 
     table = RenameV2.__table__  # type: ignore[attr-defined]
-    views = dataclasses.replace(VIEWS_V2, tables=[table], entities=EntityRegistry([RenameV2]))
+    views = dataclasses.replace(VIEWS_V2, tables=[table], entities=EntityRegistry(entities))
     source = create_framework_engine(f"sqlite:///{tmp_path / 'source.db'}")
     try:
         upgrade(source)
@@ -1118,6 +1108,25 @@ def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_m
         write_snapshot(views, source, str(tmp_path / "snapshot"))
     finally:
         source.dispose()
+    return views
+
+
+def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_model_s_table(
+    tmp_path: Path,
+) -> None:
+    """The manifest says which table held an entity's rows: when the snapshot has no file of that
+    table, the entity has no rows in it, even where a file is named after the model's table now
+    (rows of that table, not of the entity); a ``table`` that is not a string is refused."""
+
+    from waltz.spark.snapshot import (
+        MANIFEST_NAME,
+        SnapshotError,
+        entity_file,
+        read_manifest,
+        stored_rows,
+    )
+
+    views = _renamed_snapshot(tmp_path, [RenameV2])
     location = tmp_path / "snapshot"
     raw = json.loads((location / MANIFEST_NAME).read_text())
     (info,) = list(views.entities or ())
@@ -1140,21 +1149,10 @@ def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_m
 def test_an_entity_whose_table_the_snapshot_does_not_hold_has_no_rows_in_it(tmp_path: Path) -> None:
     """The application declares an entity whose table is not among its views' tables: the
     manifest records it, no file holds it, and the snapshot still loads and checks."""
-    from sqlalchemy import insert
 
-    from waltz.spark.snapshot import check_snapshot, load_snapshot, read_manifest, write_snapshot
+    from waltz.spark.snapshot import check_snapshot, load_snapshot, read_manifest
 
-    table = RenameV2.__table__  # type: ignore[attr-defined]
-    views = dataclasses.replace(VIEWS_V2, tables=[table], entities=EntityRegistry([RenameV2, AddV2]))
-    source = create_framework_engine(f"sqlite:///{tmp_path / 'source.db'}")
-    try:
-        upgrade(source)
-        table.create(source)
-        with source.begin() as conn:
-            conn.execute(insert(table), [{"id": i, "amount": i} for i in (1, 2)])
-        write_snapshot(views, source, str(tmp_path / "snapshot"))
-    finally:
-        source.dispose()
+    views = _renamed_snapshot(tmp_path, [RenameV2, AddV2])
     manifest = read_manifest(str(tmp_path / "snapshot"))
     assert manifest.entities["evo_add"]["table"] == "evo_add" and manifest.table("evo_add") is None
     assert check_snapshot(str(tmp_path / "snapshot"), views) == [
