@@ -20,7 +20,14 @@ from kazoo.security import Permissions
 from waltz.admin.verify import CheckResult, CheckStatus
 from waltz.metadata.zk import ClusterZk
 from waltz.metadata.zk_access import digest_user
-from waltz.metadata.zk_roles import RIGHTS, TABLE_ZNODES, ClusterRoles, Role, grants_for, session_identities
+from waltz.metadata.zk_roles import (
+    TABLE_ZNODES,
+    ClusterRoles,
+    Role,
+    grants_for,
+    rights_letters,
+    session_identities,
+)
 from waltz.metadata.zk_session import ZooKeeperAuthError
 
 __all__ = ["acl_checks"]
@@ -118,7 +125,7 @@ def _role_table_check(cluster: ClusterZk, roles: ClusterRoles) -> CheckResult:
 
 def _rights(perms: int) -> str:
     """Permissions as ``zkCli.sh`` letters (``cdrwa``), or ``none``."""
-    return "".join(letter for bit, letter in RIGHTS if perms & bit) or "none"
+    return rights_letters(perms) or "none"
 
 
 def _parent_check(cluster: ClusterZk, known: set[str] | None) -> CheckResult:

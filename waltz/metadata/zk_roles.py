@@ -45,6 +45,7 @@ __all__ = [
     "describe_acl",
     "digest_identity",
     "grants_for",
+    "rights_letters",
     "session_identities",
 ]
 
@@ -97,10 +98,14 @@ RIGHTS: tuple[tuple[int, str], ...] = (
 )
 
 
+def rights_letters(perms: int) -> str:
+    """Permission bits as ``zkCli.sh`` letters, in ``cdrwa`` order (empty for none)."""
+    return "".join(letter for bit, letter in RIGHTS if perms & bit)
+
+
 def describe_acl(entry: ACL) -> str:
     """An ACL entry as ``zkCli.sh getAcl`` shows it: ``scheme:id:cdrwa``."""
-    rights = "".join(letter for bit, letter in RIGHTS if entry.perms & bit)
-    return f"{entry.id.scheme}:{entry.id.id}:{rights}"
+    return f"{entry.id.scheme}:{entry.id.id}:{rights_letters(entry.perms)}"
 
 
 def digest_identity(digest: str) -> str:
