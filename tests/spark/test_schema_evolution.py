@@ -1116,12 +1116,15 @@ def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_m
 ) -> None:
     """The manifest says which table held an entity's rows: when the snapshot has no file of that
     table, the entity has no rows in it, even where a file is named after the model's table now
-    (rows of that table, not of the entity); a ``table`` that is not a string is refused."""
+    (rows of that table, not of the entity): ``waltz snapshot load`` and ``check`` give its table
+    none, as a rebuild does; a ``table`` that is not a string is refused."""
 
     from waltz.spark.snapshot import (
         MANIFEST_NAME,
         SnapshotError,
+        check_snapshot,
         entity_file,
+        load_snapshot,
         read_manifest,
         stored_rows,
     )
@@ -1137,6 +1140,14 @@ def test_an_entity_recorded_on_a_table_without_a_file_has_no_rows_whatever_its_m
     assert manifest.table("evo_rename") is not None
     assert entity_file(manifest, info) is None
     assert stored_rows(manifest, info) is None
+    no_rows = "evo_rename: 0 rows, the snapshot holds no rows of its entity"
+    (checked,) = check_snapshot(str(location), views)
+    assert checked.startswith(no_rows), checked
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    lines: list[str] = []
+    load_snapshot(str(location), views, url, progress=lines.append)
+    assert _table(url, RenameV2) == {}
+    assert lines[0].startswith(no_rows), lines
     for malformed in (5, None, ["evo_rename"]):
         raw["entities"]["evo_rename"]["table"] = malformed
         (location / MANIFEST_NAME).write_text(json.dumps(raw))

@@ -633,6 +633,9 @@ def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | No
     lines = []
     for table_name, plan in _table_plans(location, manifest, app).items():
         entry = plan.entry
+        if plan.empty:
+            lines.append(f"{table_name}: 0 rows, {_NO_ENTITY_ROWS}")
+            continue
         if entry is None:
             raise SnapshotError(f"{location}: the snapshot has no table {table_name}")
         if plan.upcast is not None and plan.info is not None:
@@ -646,32 +649,49 @@ def check_snapshot(location: str, app: AppViews, manifest: SnapshotManifest | No
     return lines
 
 
+#: How ``load_snapshot`` and ``check_snapshot`` describe a table planned ``empty``.
+_NO_ENTITY_ROWS = "the snapshot holds no rows of its entity (no file of the table its manifest records)"
+
+
 @dataclass(frozen=True, slots=True)
 class _TablePlan:
-    """How the load reads one application table from a snapshot: its file (None: missing), and
-    for an older model's entity rows how they upcast."""
+    """How the load reads one application table from a snapshot: its file (None: missing, or no
+    rows when ``empty``), and for an older model's entity rows how they upcast.
+
+    Attributes:
+        empty: the table is an entity's, and the snapshot holds none of the entity's rows (the
+            table the manifest records for it has no file): it loads no rows, as a rebuild from
+            the snapshot gives it none (docs/design/spark.md "Snapshots of an older model").
+    """
 
     entry: SnapshotFile | None
     upcast: StoredRows | None = None
     info: EntityInfo | None = None
+    empty: bool = False
 
 
 def _table_plans(location: str, manifest: SnapshotManifest, app: AppViews) -> dict[str, _TablePlan]:
     """Per table of ``app.tables``, in order: how ``load_snapshot`` and ``check_snapshot`` read it.
     An entity's file is the one of the table its manifest entry records (a model may have moved to
-    another table since it was written).
+    another table since it was written); an entity recorded on a table of which the snapshot has
+    no file gives its table no rows (``empty``), not the rows of a file named after its model's
+    table now, as a rebuild from the snapshot does (docs/design/spark.md "Snapshots of an older
+    model").
 
     Raises:
         SnapshotError: as :func:`stored_rows`, or two entities on one table both stored by an
             older model.
     """
     entries: dict[str, SnapshotFile] = {}
+    empty: set[str] = set()
     older: dict[str, tuple[StoredRows, EntityInfo]] = {}
     for info in app.entities or ():
         table_name = info.model.__table__.name
         entry = entity_file(manifest, info)
         if entry is not None:
             entries.setdefault(table_name, entry)
+        elif info.name in manifest.entities:
+            empty.add(table_name)
         upcast = stored_rows(manifest, info, location)
         if upcast is None:
             continue
@@ -686,9 +706,12 @@ def _table_plans(location: str, manifest: SnapshotManifest, app: AppViews) -> di
             entries[table_name] = entry
     plans = {}
     for table in app.tables:
-        entry = entries.get(table.name) or manifest.table(table.name)
         upcast, info = older.get(table.name, (None, None))
-        plans[table.name] = _TablePlan(entry, upcast, info)
+        entry = entries.get(table.name)
+        if entry is None and table.name in empty:
+            plans[table.name] = _TablePlan(None, empty=True)
+            continue
+        plans[table.name] = _TablePlan(entry or manifest.table(table.name), upcast, info)
     return plans
 
 
@@ -925,6 +948,10 @@ def load_snapshot(
             for table in app.tables:
                 plan = plans[table.name]
                 entry = plan.entry
+                if plan.empty:
+                    conn.execute(delete(table))
+                    say(f"{table.name}: 0 rows, {_NO_ENTITY_ROWS}")
+                    continue
                 if entry is None:
                     raise SnapshotError(f"{location}: the snapshot has no table {table.name}")
                 conn.execute(delete(table))
