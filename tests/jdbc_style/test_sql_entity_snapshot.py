@@ -631,6 +631,11 @@ def _forged(callbacks: ChangeSetCallbacks, changes: list[RowChange]) -> Transact
             RowChange(Operation.UPDATE, "counter", {"counter_id": 4}, {"counter_id": 8, "value": 1}),
             r"changes its key attributes \['counter_id'\]",
         ),
+        (
+            # The database would pick the row's key (autoincrement): another row than the log's.
+            RowChange(Operation.INSERT, "counter", {"counter_id": 9}, {"value": 1, "label": ""}),
+            r"insert of counter \{'counter_id': 9\} does not carry its key attributes \['counter_id'\]",
+        ),
     ],
 )
 def test_a_change_set_that_does_not_fit_its_model_is_refused_and_changes_nothing(
@@ -643,6 +648,8 @@ def test_a_change_set_that_does_not_fit_its_model_is_refused_and_changes_nothing
     with pytest.raises(ChangeSetFormatError, match=message):
         callbacks.apply_transaction(_forged(callbacks, [change]))
     assert (_read(callbacks.engine, 4), _read(callbacks.engine, 8)) == (1, 1)  # no row deleted or changed
+    with callbacks.engine.connect() as conn:  # and none added
+        assert conn.execute(select(Counter.counter_id).order_by(Counter.counter_id)).scalars().all() == [4, 8]
     assert callbacks.get_client_high_water_mark(0) == mark
 
 

@@ -371,12 +371,14 @@ def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_t
     moved_key = RowChange(
         Operation.UPDATE, "counter", {"counter_id": 4}, {"counter_id": 5, "value": 4, "updated_tx": -1}
     )
+    keyless_insert = RowChange(Operation.INSERT, "counter", {"counter_id": 6}, {"value": 6, "updated_tx": -1})
     foreign = RowChange(Operation.INSERT, "someone-else", {"id": 1}, {"id": 1, "anything": 2})
     entries = [
         (0, 0, change_set(fits, foreign)),
         (0, 1, change_set(wrong_key)),
         (1, 0, change_set(fits, unknown_column)),
         (1, 1, change_set(moved_key)),
+        (1, 2, change_set(keyless_insert)),
     ]
     log = spark.createDataFrame([(p, t, CHANGE_SET_HEADER, 7, 1, p, t, d) for p, t, d in entries], LOG_SCHEMA)
     registry = COUNTER_VIEWS.entities
@@ -396,6 +398,8 @@ def test_changes_that_do_not_fit_their_model_are_found_as_the_live_apply_finds_t
         # Spark's values are the rendered text of the logged ones: the same sentence, quoted.
         "partition 1 transaction 1: update of counter {'counter_id': '4'} changes its key attributes "
         "['counter_id']",
+        "partition 1 transaction 2: insert of counter {'counter_id': '6'} does not carry its key "
+        "attributes ['counter_id'] in its values (the database would choose the new row's key)",
     ]
     assert row_change_problem(moved_key, **shape) == problems[2].split(": ", 1)[1].replace("'4'", "4")
     assert "sets ['password'], which are not column attributes of Counter" in problems[1]

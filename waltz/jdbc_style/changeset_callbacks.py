@@ -72,8 +72,10 @@ def row_change_problem(
 ) -> str | None:
     """What makes a row change not fit its entity's model, or None when it fits
     (docs/design/sql.md "Change-sets"): its key must name exactly the entity's key attributes (or
-    its primary key's, which identify one row too), its values only column attributes, and the key
-    values in an insert's or update's row must be the key's.
+    its primary key's, which identify one row too), its values only column attributes, the key
+    values in an insert's or update's row must be the key's, and an insert's row must carry every
+    key attribute (else the database would give the row a key of its choosing, autoincrement or
+    default, and the row would differ from the log's).
 
     The live apply (:class:`ChangeSetCallbacks`) and the Spark rebuild
     (:func:`waltz.spark.views.change_problems`) refuse the same changes with it.
@@ -104,6 +106,13 @@ def row_change_problem(
     moved = [n for n in change.key if n in change.values and change.values[n] != change.key[n]]
     if moved:
         return f"{what} {dict(change.key)} changes its key attributes {moved}"
+    if change.operation is Operation.INSERT:
+        absent = [n for n in change.key if n not in change.values]
+        if absent:
+            return (
+                f"{what} {dict(change.key)} does not carry its key attributes {absent} in its values "
+                "(the database would choose the new row's key)"
+            )
     return None
 
 
