@@ -555,3 +555,33 @@ def test_cli_unreachable_or_unusable_database_exits_2_without_the_password() -> 
     assert "postgresql+psycopg://" in result.output and "hunter2" not in result.output
 
     assert "Missing option '--url'" in waltz_db("marks", expect=2, env={"WALTZ_DB_URL": ""}).output
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:s3cret@127.0.0.1:notaport/app",
+        # The host left out: what follows the user's ':' is taken for the port, the password.
+        "postgresql+psycopg://app:s3cret/app",
+    ],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["current"],
+        ["upgrade"],
+        ["upgrade", "--sql"],
+        ["downgrade", "--revision", "base"],
+        ["marks"],
+        ["skips"],
+        ["skip", "--cluster", "c", "--partition", "0", "--transaction", "1", "--reason", "r"],
+    ],
+    ids=lambda command: "-".join(command[:2]).replace("--", ""),
+)
+def test_cli_url_whose_port_is_not_a_number_exits_2_without_the_password(
+    command: list[str], url: str
+) -> None:
+    result = waltz_db(*command, "--url", url, expect=2)
+    assert "cannot use the database URL (unparsable URL): its port is not a number" in result.output
+    assert "s3cret" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output

@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 from alembic.util.exc import CommandError
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.database_urls import first_line, url_hint
@@ -47,10 +48,26 @@ def _logging() -> None:
     configure_logging(os.environ.get("WALTZ_LOG_LEVEL", "ERROR"))
 
 
+#: What a database URL looks like, for the messages about one that cannot be used.
+_URL_FORM = " (expected dialect+driver://user:password@host:port/database)"
+
+
 @contextmanager
 def _database_errors(url: str) -> Iterator[None]:
-    """Turn refusals and database errors into one-line messages and exit codes (no traceback)."""
+    """Turn refusals and database errors into one-line messages and exit codes (no traceback).
+
+    The URL is parsed first: one whose port is not a number (``make_url``'s ``ValueError``, whose
+    text may be the password when the host is left out) exits 2 without running the command.
+    """
     safe = url_text(url, hide_password=True)
+    try:
+        make_url(url)
+    except ValueError:  # int(port); ArgumentError (bad syntax) is left to the handler below
+        raise fail(
+            f"cannot use the database URL {safe}: its port is not a number" + (url_hint(url) or _URL_FORM), 2
+        ) from None
+    except ArgumentError:
+        pass
     try:
         yield
     except skip_records.SkipRefusedError as exc:
@@ -59,8 +76,7 @@ def _database_errors(url: str) -> Iterator[None]:
         raise fail(str(exc), 2) from exc
     except ArgumentError as exc:
         raise fail(
-            f"cannot use the database URL {safe}: {first_line(exc)}"
-            + (url_hint(url) or " (expected dialect+driver://user:password@host:port/database)"),
+            f"cannot use the database URL {safe}: {first_line(exc)}" + (url_hint(url) or _URL_FORM),
             2,
         ) from exc
     except DBAPIError as exc:
