@@ -257,6 +257,32 @@ def test_apply_cannot_end_or_reshape_the_framework_transaction(engine: Engine, m
     assert item(engine) == 1
 
 
+#: Statements that end or open a transaction behind what the database skips: comments,
+#: semicolons, and where the database runs a comment's text (MySQL's and MariaDB's ``/*!``) that.
+HIDDEN_STATEMENTS = {
+    "sqlite": ["/* audit */ COMMIT", "-- audit\nCOMMIT", " ;\n; ROLLBACK", "/* a */ -- b\n /* c */ BEGIN"],
+    "postgresql": ["/* audit */ COMMIT", "-- audit\nCOMMIT", "; ROLLBACK", "/* outer /* nested */ */ COMMIT"],
+    "mysql": [
+        "/* audit */ COMMIT",
+        "-- audit\nCOMMIT",
+        "# audit\nCOMMIT",
+        "/*!COMMIT*/",
+        "/*!40101 BEGIN */",
+    ],
+}
+
+
+def test_apply_cannot_hide_a_commit_behind_a_comment(engine: Engine) -> None:
+    statements = HIDDEN_STATEMENTS[engine.dialect.name]
+    for statement in statements:
+        callbacks = Recorder(engine, lambda t, s, a, statement=statement: s.execute(text(statement)))
+        assert callbacks.get_client_high_water_mark(0) == -1
+        with pytest.raises(ApplyContractError, match="apply\\(\\) must not execute"):
+            callbacks.apply_transaction(txn(0, 0))
+        assert callbacks.high_water_marks() == {0: -1}, statement
+        assert item(engine) == 0, statement  # the write before the statement was rolled back
+
+
 @pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
 def test_a_real_deadlock_is_retried(request: pytest.FixtureRequest, backend: str) -> None:
     url = str(request.getfixturevalue("postgres_url" if backend == "postgresql" else "mariadb_url"))

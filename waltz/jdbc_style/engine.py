@@ -18,7 +18,8 @@ together in one database transaction, which the framework owns).
   integer primary key) is stored as 0, not replaced by the next generated value.
 - **Every backend**: while ``apply`` runs, statements and calls that would end or reshape the
   framework's transaction (``COMMIT``, ``ROLLBACK`` other than to a savepoint, ``BEGIN``, ``SET
-  TRANSACTION``, an ``isolation_level`` execution option) raise :class:`ApplyContractError`.
+  TRANSACTION``, an ``isolation_level`` execution option) raise :class:`ApplyContractError`, also
+  behind leading comments and semicolons.
 
 :func:`is_transient` tells the errors worth retrying (deadlocks, serialization failures, lock wait
 timeouts, lost connections, a busy SQLite database) from the others.
@@ -71,6 +72,53 @@ _FORBIDDEN = re.compile(
     re.IGNORECASE,
 )
 
+#: The opening of a MySQL/MariaDB comment whose text the server runs: ``/*!``, ``/*M!`` (MariaDB),
+#: each with an optional server version (``/*!40101 SET ... */``).
+_MYSQL_EXECUTED_COMMENT = re.compile(r"/\*M?!\d*")
+
+
+def _statement_start(statement: str, dialect_name: str) -> str:
+    """A statement's text from where the database starts reading it: leading whitespace,
+    semicolons and comments skipped (docs/design/sql.md "The apply contract": the apply guard
+    matches this, so that a comment does not hide a ``COMMIT`` from it).
+
+    Args:
+        statement: the SQL text as the driver receives it.
+        dialect_name: SQLAlchemy's dialect name (``"postgresql"``, ``"mysql"``, ``"mariadb"``,
+            ``"sqlite"``): PostgreSQL nests block comments; MySQL and MariaDB end a line comment
+            at ``#`` too and run the text of ``/*!...*/`` comments, which is therefore kept.
+
+    Returns:
+        The rest of ``statement`` from its first character the database reads as SQL (the text
+        inside an executed MySQL comment included); empty when there is none.
+    """
+    mysql = dialect_name in ("mysql", "mariadb")
+    at, end = 0, len(statement)
+    while at < end:
+        char = statement[at]
+        if char.isspace() or char == ";":
+            at += 1
+        elif statement.startswith("--", at) or (mysql and char == "#"):
+            newline = statement.find("\n", at)
+            at = end if newline < 0 else newline + 1
+        elif statement.startswith("/*", at):
+            executed = _MYSQL_EXECUTED_COMMENT.match(statement, at) if mysql else None
+            if executed is not None:
+                at = executed.end()  # its text runs: read on inside it
+                continue
+            depth, at = 1, at + 2
+            while depth and at < end:
+                if statement.startswith("*/", at):
+                    depth, at = depth - 1, at + 2
+                elif dialect_name == "postgresql" and statement.startswith("/*", at):
+                    depth, at = depth + 1, at + 2
+                else:
+                    at += 1
+        else:
+            break
+    return statement[at:]
+
+
 # PostgreSQL SQLSTATEs: serialization failure, deadlock, lock timeout, admin shutdown / crash /
 # cannot connect now, connection exceptions.
 _PG_TRANSIENT = {
@@ -113,8 +161,11 @@ def _contract_error(what: str) -> ApplyContractError:
 def _guard_statement(
     conn: Connection, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool
 ) -> None:
-    if conn in _guarded and _FORBIDDEN.match(statement):
-        raise _contract_error(f"execute {statement.strip().split()[0].upper()} ({statement.strip()[:60]!r})")
+    if conn not in _guarded:
+        return
+    forbidden = _FORBIDDEN.match(_statement_start(statement, conn.dialect.name))
+    if forbidden is not None:
+        raise _contract_error(f"execute {forbidden.group().split()[0].upper()} ({statement.strip()[:60]!r})")
 
 
 def _guard_commit(conn: Connection) -> None:
