@@ -264,6 +264,43 @@ def test_check_current_refuses_a_database_without_the_tables(db_url: str) -> Non
     api.check_current(db_url)
 
 
+class StartupCallbacks(AbstractClientCallbacksForSQL):
+    """Callbacks only started (their start-up check) and released: nothing is applied."""
+
+    def apply(self, transaction: Any, session: Any) -> None:
+        raise AssertionError("nothing is applied here")
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        raise AssertionError("nothing is applied here")
+
+
+def test_a_database_a_newer_waltz_py_migrated_is_refused_naming_its_revision(
+    db_url: str, engine: sa.Engine
+) -> None:
+    api.upgrade(db_url)
+    with engine.begin() as conn:  # as a release with a revision after ours would leave it
+        conn.execute(sa.text("UPDATE waltz_alembic_version SET version_num = 'waltz_9999'"))
+    newer = "is at waltz framework revision 'waltz_9999', which this waltz-py does not know"
+    with pytest.raises(api.FrameworkRevisionNewerError, match=newer) as raised:
+        api.check_current(db_url)
+    assert isinstance(raised.value, api.FrameworkTablesMissingError)  # callers catching it still do
+    assert (raised.value.revision, raised.value.head) == ("waltz_9999", api.head())
+    assert "a newer waltz-py migrated it" in str(raised.value)
+    assert "waltz db upgrade" not in str(raised.value)  # which cannot: alembic knows no such revision
+    with pytest.raises(api.FrameworkRevisionNewerError, match=newer):
+        StartupCallbacks(engine, cluster_name=CLUSTER)  # still refuses to start
+    with pytest.raises(api.FrameworkRevisionNewerError, match=newer):
+        api.upgrade(db_url)
+    with pytest.raises(api.FrameworkRevisionNewerError, match=newer):
+        api.downgrade(db_url, "base")
+    assert version_rows(engine, "waltz_alembic_version") == ["waltz_9999"]  # left as it was
+
+    for command_line, code in ((["current"], 1), (["upgrade"], 2)):
+        output = waltz_db(*command_line, "--url", db_url, expect=code).output
+        assert newer in output and "a newer waltz-py migrated it" in output, output
+        assert "Can't locate revision" not in output, output
+
+
 def test_check_current_hides_the_password() -> None:
     error = api.FrameworkTablesMissingError("postgresql://app:***@db/app", None, "waltz_0001")
     assert "waltz db upgrade --url 'postgresql://app:***@db/app'` with the password filled in" in str(error)
@@ -377,18 +414,10 @@ def test_application_adopts_our_revisions_as_a_branch(tmp_path: Path, sqlite_eng
     assert api.current(sqlite_engine, version_table="alembic_version") == api.head()  # ... but here
     api.check_current(sqlite_engine, version_table="alembic_version")
 
-    class Callbacks(AbstractClientCallbacksForSQL):
-        def apply(self, transaction: Any, session: Any) -> None:
-            raise AssertionError("nothing is applied here")
-
-        def uncaught_exception(
-            self, partition_id: int, transaction_id: int, exception: BaseException
-        ) -> None:
-            raise AssertionError("nothing is applied here")
-
     with pytest.raises(api.FrameworkTablesMissingError):  # the framework's own table is empty
-        Callbacks(sqlite_engine, cluster_name=CLUSTER)
-    Callbacks(sqlite_engine, cluster_name=CLUSTER, version_table="alembic_version").release_connections()
+        StartupCallbacks(sqlite_engine, cluster_name=CLUSTER)
+    adopted = StartupCallbacks(sqlite_engine, cluster_name=CLUSTER, version_table="alembic_version")
+    adopted.release_connections()
     command.downgrade(config, f"{api.BRANCH_LABEL}@base")
     assert version_rows(sqlite_engine, "alembic_version") == ["app_0001"]
     assert set(sa.inspect(sqlite_engine).get_table_names()) & FRAMEWORK_TABLES == set()

@@ -190,11 +190,16 @@ def current(
 ) -> None:
     """Print the database's framework revision and whether it is this waltz-py's head.
 
-    Exit code 1 when it is not at head (tables missing or older): run `waltz db upgrade`.
+    Exit code 1 when it is not at head: tables missing or older (run `waltz db upgrade`), or
+    migrated by a newer waltz-py (use that one).
     """
     with _database_errors(url):
         revision = api.current(url, version_table=version_table)
+        known = api.revisions()
     head = api.head()
+    if revision is not None and revision not in known:
+        shown = url_text(url, hide_password=True)
+        raise fail(str(api.FrameworkRevisionNewerError(shown, revision, head)), 1)
     typer.echo(_revision_text(revision, head))
     if revision != head:
         raise typer.Exit(1)

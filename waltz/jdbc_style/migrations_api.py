@@ -57,6 +57,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, Table, inspect
 from sqlalchemy.engine import URL
 from sqlalchemy.schema import SchemaItem
@@ -69,6 +70,7 @@ from waltz.jdbc_style.schema import metadata
 __all__ = [
     "BRANCH_LABEL",
     "VERSION_TABLE",
+    "FrameworkRevisionNewerError",
     "FrameworkTablesMissingError",
     "alembic_config",
     "check_current",
@@ -78,6 +80,7 @@ __all__ = [
     "exclude_framework_tables",
     "head",
     "require_tables",
+    "revisions",
     "script_location",
     "upgrade",
     "upgrade_sql",
@@ -118,6 +121,32 @@ class FrameworkTablesMissingError(SqlFrameworkError):
         self.revision = revision
         self.head = head
         self.missing = tuple(missing)
+
+
+class FrameworkRevisionNewerError(FrameworkTablesMissingError):
+    """The database is at a framework revision this waltz-py does not ship: a newer waltz-py
+    migrated it (docs/design/sql.md "Migrations").
+
+    Whether this waltz-py can use those tables is unknown, so its callbacks refuse to start, and
+    it cannot upgrade nor downgrade them (it has no script from that revision). A subclass of
+    :class:`FrameworkTablesMissingError`, whose handlers still catch it; ``missing`` is empty.
+
+    Attributes:
+        revision: the database's framework revision (e.g. ``"waltz_0003"``).
+        head: the newest revision this waltz-py ships.
+    """
+
+    def __init__(self, url: str, revision: str, head: str) -> None:
+        SqlFrameworkError.__init__(
+            self,
+            f"the database {url} is at waltz framework revision {revision!r}, which this waltz-py "
+            f"does not know (its newest is {head!r}): a newer waltz-py migrated it. Run this "
+            "instance with that waltz-py or a newer one: this one cannot tell whether it works with "
+            "those tables, and cannot upgrade or downgrade them",
+        )
+        self.revision = revision
+        self.head = head
+        self.missing = ()
 
 
 # ---- alembic configuration -----------------------------------------------------------------------
@@ -181,6 +210,24 @@ def head() -> str:
     return revision
 
 
+def revisions() -> frozenset[str]:
+    """Every framework revision this waltz-py ships (:func:`head` and those before it).
+
+    Returns:
+        The revision IDs, e.g. ``{"waltz_0001", "waltz_0002"}``. A database at a revision not
+        among them was migrated by a newer waltz-py (:class:`FrameworkRevisionNewerError`).
+    """
+    return frozenset(script.revision for script in _script().walk_revisions())
+
+
+def _refuse_newer_revision(bind: Bind) -> None:
+    """Raise :class:`FrameworkRevisionNewerError` when the database's framework revision is one
+    this waltz-py does not ship (what makes alembic answer "Can't locate revision")."""
+    revision = current(bind)
+    if revision is not None and revision not in revisions():
+        raise FrameworkRevisionNewerError(describe(bind), revision, head())
+
+
 # ---- migrating -----------------------------------------------------------------------------------
 
 
@@ -197,11 +244,16 @@ def upgrade(bind: Bind, revision: str = "heads") -> None:
     Raises:
         AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
             URL to give instead).
+        FrameworkRevisionNewerError: a newer waltz-py migrated the database.
         sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
         alembic.util.exc.CommandError: ``revision`` is unknown.
     """
-    with _ALEMBIC_RUN, _preserving_alembic_context():
-        command.upgrade(alembic_config(bind), revision)
+    try:
+        with _ALEMBIC_RUN, _preserving_alembic_context():
+            command.upgrade(alembic_config(bind), revision)
+    except CommandError:
+        _refuse_newer_revision(bind)  # alembic's "Can't locate revision" of the database's
+        raise
     logger.info("waltz framework tables upgraded to %s on %s", revision, describe(bind))
 
 
@@ -282,11 +334,16 @@ def downgrade(bind: Bind, revision: str) -> None:
         revision: the target revision (``base``, a revision ID, ``-1``).
 
     Raises:
+        FrameworkRevisionNewerError: a newer waltz-py migrated the database.
         sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
         alembic.util.exc.CommandError: ``revision`` is unknown.
     """
-    with _preserving_alembic_context():
-        command.downgrade(alembic_config(bind), revision)
+    try:
+        with _preserving_alembic_context():
+            command.downgrade(alembic_config(bind), revision)
+    except CommandError:
+        _refuse_newer_revision(bind)
+        raise
     logger.info("waltz framework tables downgraded to %s on %s", revision, describe(bind))
 
 
@@ -333,11 +390,16 @@ def check_current(bind: Bind, *, version_table: str = VERSION_TABLE) -> None:
         version_table: see :func:`current`.
 
     Raises:
-        FrameworkTablesMissingError: the tables are missing or at another revision.
+        FrameworkTablesMissingError: the tables are missing or at an older revision (the message
+            says to run ``waltz db upgrade``).
+        FrameworkRevisionNewerError: (a subclass of the above) at a revision this waltz-py does
+            not ship: a newer waltz-py migrated the database, and this one refuses it.
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
     revision = current(bind, version_table=version_table)
     wanted = head()
+    if revision is not None and revision != wanted and revision not in revisions():
+        raise FrameworkRevisionNewerError(describe(bind), revision, wanted)
     if revision != wanted:
         raise FrameworkTablesMissingError(describe(bind), revision, wanted)
 
