@@ -46,7 +46,7 @@ from waltz.jdbc_style import (
 )
 from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import ModelTablesBehindError
-from waltz.jdbc_style.engine import prepare_engine
+from waltz.jdbc_style.engine import is_prepared, prepare_engine
 from waltz.jdbc_style.idempotency import (
     AppliedRequest,
     find_idempotency_keys,
@@ -255,6 +255,20 @@ def test_apply_cannot_end_or_reshape_the_framework_transaction(engine: Engine, m
     ok.apply_transaction(txn(0, 0))
     assert ok.high_water_marks() == {0: 0}
     assert item(engine) == 1
+
+
+def test_create_framework_engine_takes_a_url_object_as_it_takes_its_text(db_url: str) -> None:
+    url = sa.make_url(db_url)
+    engine = create_framework_engine(url)
+    try:
+        assert is_prepared(engine)
+        assert engine.url == url
+        if url.get_backend_name() != "sqlite":  # a server's defaults, as for the URL's text
+            assert engine.pool.size() == 10  # type: ignore[attr-defined]
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
 
 
 #: Statements that end or open a transaction behind what the database skips: comments,

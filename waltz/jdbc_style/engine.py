@@ -309,21 +309,25 @@ def prepare_engine(engine: Engine) -> Engine:
     return engine
 
 
-def create_framework_engine(url: str, **kwargs: Any) -> Engine:
+def create_framework_engine(url: str | URL, **kwargs: Any) -> Engine:
     """``sqlalchemy.create_engine(url, **kwargs)`` prepared for the framework (for database
     servers with ``pool_pre_ping`` and a ``pool_size`` of 10 unless given).
 
     Args:
-        url: a SQLAlchemy URL, e.g. ``sqlite:///app.db``,
-            ``postgresql+psycopg://user@host/db`` or ``mysql+pymysql://user@host/db``.
+        url: a SQLAlchemy URL, as text or a :class:`sqlalchemy.engine.URL`, e.g.
+            ``sqlite:///app.db``, ``postgresql+psycopg://user@host/db`` or
+            ``mysql+pymysql://user@host/db``.
         kwargs: more ``create_engine`` arguments.
 
     Raises:
         AsyncEngineError: ``url`` names an asyncio driver (``+psycopg_async``, ``+asyncpg``,
             ``+aiosqlite``, ...): the message gives the synchronous URL to pass instead.
+        sqlalchemy.exc.ArgumentError: the URL does not parse, or names an unknown dialect or
+            driver (``NoSuchModuleError``).
+        ValueError: the URL's port is not a number.
     """
     refuse_async_bind(url)
-    if not url.startswith("sqlite"):
+    if make_url(url).get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
         # Room for the framework's threads of one instance: an apply worker per partition,
         # snapshots of first attempts and re-attempts, the connections the callbacks keep.
