@@ -587,6 +587,25 @@ def test_cli_unreachable_or_unusable_database_exits_2_without_the_password() -> 
 
 
 @pytest.mark.parametrize(
+    "command",
+    [
+        ["current"],
+        ["upgrade"],
+        ["marks"],
+        ["skips"],
+        ["skip", "--cluster", "c", "--partition", "0", "--transaction", "1", "--reason", "r"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_cli_asyncio_url_is_refused_naming_the_synchronous_url(command: list[str]) -> None:
+    url = "postgresql+psycopg_async://app:s3cret@127.0.0.1:1/app"
+    result = waltz_db(*command, "--url", url, expect=2)
+    assert "postgresql+psycopg://app:***@127.0.0.1:1/app" in result.output, result.output
+    assert "s3cret" not in result.output and "greenlet" not in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "postgresql+psycopg://app:s3cret@127.0.0.1:notaport/app",

@@ -35,6 +35,7 @@ from waltz.jdbc_style import (
     WaltzEntity,
     create_framework_engine,
     prepare_engine,
+    skips,
 )
 from waltz.local.cluster import LocalCluster
 
@@ -280,6 +281,20 @@ def test_an_async_engine_is_refused_with_the_synchronous_url() -> None:
                 migrations_api.upgrade(bind)  # type: ignore[arg-type]
             with pytest.raises(AsyncEngineError, match="synchronous"):
                 migrations_api.current(bind)  # type: ignore[arg-type]
+            # The operators' reads and skip requests too, not greenlet's "await_() here".
+            with pytest.raises(AsyncEngineError, match="synchronous"):
+                skips.list_marks(bind)  # type: ignore[arg-type]
+            with pytest.raises(AsyncEngineError, match="synchronous"):
+                skips.list_skips(bind)  # type: ignore[arg-type]
+            with pytest.raises(AsyncEngineError, match="synchronous"):
+                skips.request_skip(
+                    bind,  # type: ignore[arg-type]
+                    cluster_name="refused",
+                    partition_id=0,
+                    transaction_id=0,
+                    reason="stuck",
+                    operator="alice",
+                )
     finally:
         async_engine.sync_engine.dispose()
 

@@ -17,6 +17,7 @@ from sqlalchemy.exc import IntegrityError
 
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style.binding import Bind, connection_for, transaction_for, utc
+from waltz.jdbc_style.engine import refuse_async_bind
 from waltz.jdbc_style.migrations_api import require_tables
 from waltz.jdbc_style.schema import high_water_marks, skipped_transactions
 
@@ -112,8 +113,11 @@ def request_skip(
         SkipRefusedError: a blank reason or operator; the transaction is already applied, or is
             not the next one to apply; a request for it already exists. Nothing is recorded.
         FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
+        AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
+            URL to give instead).
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
+    refuse_async_bind(bind)
     where = f"cluster {cluster_name!r} partition {partition_id}"
     if not reason.strip():
         raise SkipRefusedError(
@@ -210,8 +214,11 @@ def list_marks(bind: Bind, cluster_name: str | None = None) -> list[MarkRow]:
 
     Raises:
         FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
+        AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
+            URL to give instead).
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
+    refuse_async_bind(bind)
     table = high_water_marks
     query = select(table).order_by(table.c.cluster_name, table.c.partition_id)
     if cluster_name is not None:
@@ -242,8 +249,11 @@ def list_skips(bind: Bind, cluster_name: str | None = None) -> list[SkipRow]:
 
     Raises:
         FrameworkTablesMissingError: the database has no framework tables (run :func:`upgrade`).
+        AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
+            URL to give instead).
         sqlalchemy.exc.DBAPIError: the database could not be reached.
     """
+    refuse_async_bind(bind)
     table = skipped_transactions
     query = select(table).order_by(table.c.cluster_name, table.c.partition_id, table.c.transaction_id)
     if cluster_name is not None:
