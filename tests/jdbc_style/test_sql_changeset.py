@@ -23,7 +23,7 @@ from waltz.jdbc_style import (
     WaltzEntity,
     lock_id_of,
 )
-from waltz.jdbc_style.changeset import decode_value, encode_value
+from waltz.jdbc_style.changeset import decode_members, decode_value, encode_value
 
 values = st.one_of(
     st.none(),
@@ -96,6 +96,58 @@ def test_values_json_cannot_hold_are_tagged() -> None:
 def test_malformed_change_sets_are_refused_clearly(data: bytes, message: str) -> None:
     with pytest.raises(ChangeSetFormatError, match=message):
         ChangeSet.decode(data)
+
+
+def _insert_of(value: bytes) -> bytes:
+    """A form-1 change-set inserting account 1 with ``x`` set to the JSON text ``value``."""
+    return (
+        b'{"v":1,"ops":[{"op":"insert","entity":"account","key":{"account_id":1},'
+        b'"values":{"account_id":1,"x":' + value + b"}}]}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        # Values no writer gives: the apply would store them, or store something else.
+        (_insert_of(b"NaN"), "the constant NaN, which JSON does not have"),
+        (_insert_of(b"-Infinity"), "the constant -Infinity"),
+        (_insert_of(b"1e999"), "the number 1e999, which is not finite"),
+        (_insert_of(b'{"$decimal":"sNaN"}'), r"malformed \$decimal value 'sNaN': not a finite number"),
+        (_insert_of(b'{"$decimal":"-Infinity"}'), r"\$decimal value '-Infinity': not a finite number"),
+        (_insert_of(b'{"$decimal":1.5}'), r"\$decimal value 1.5: not a string"),
+        (_insert_of(b'{"$bytes":"@@@@"}'), r"malformed \$bytes value '@@@@'"),
+        (_insert_of(b'{"$bytes":"AP8"}'), r"malformed \$bytes value 'AP8'"),  # padding cut off
+        (b'{"v":1,"ops":[{"op":"delete","entity":{"a":1},"key":{"a":1}}]}', "entity must be a string"),
+        (b'{"v":1,"ops":[{"op":"delete","entity":7,"key":{"a":1}}]}', "entity must be a string"),
+        (b'{"v":1,"ops":[],"meta":[]}', "meta must be a JSON object, got list"),
+        (b'{"v":1,"ops":[],"meta":""}', "meta must be a JSON object, got str"),
+        (
+            b'{"v":1,"ops":[{"op":"delete","entity":"account","key":{"account_id":1,"account_id":2}}]}',
+            "the key 'account_id' twice",
+        ),
+        (b'{"v":1,"ops":[],"v":3}', "the key 'v' twice"),
+    ],
+)
+def test_change_sets_no_writer_makes_are_refused_naming_what_is_wrong(data: bytes, message: str) -> None:
+    with pytest.raises(ChangeSetFormatError, match=message):
+        decode_members(data)
+
+
+def test_what_readers_do_not_know_and_the_tags_of_every_form_still_decode() -> None:
+    # Fields the form does not name are read past, as before (the design's form says nothing of them).
+    [change_set] = decode_members(b'{"v":1,"ops":[],"opz":[{"op":"delete"}],"meta":{"n":[1,2]}}')
+    assert (change_set.changes, change_set.meta) == ([], {"n": [1, 2]})
+    row = decode_members(
+        _insert_of(b'{"$decimal":"-1.10E+3"}')[:-4] + b',"y":{"$bytes":"AP8="},"z":{"$bytes":""},"f":-0.5}}]}'
+    )[0].changes[0]
+    assert row.values == {
+        "account_id": 1,
+        "x": decimal.Decimal("-1.10E+3"),
+        "y": b"\x00\xff",
+        "z": b"",
+        "f": -0.5,
+    }
 
 
 class Base(DeclarativeBase):

@@ -270,8 +270,11 @@ def decode_members(data: bytes) -> tuple[ChangeSet, ...]:
         ChangeSetVersionError: a form newer than this code reads (an integer ``"v"`` above
             :data:`NEWEST_FORMAT`): the partition waits for an upgrade.
         ChangeSetFormatError: not UTF-8 JSON, no form, an unknown operation, a missing field, a
-            schema version that is not an integer of at least 2 in a form that carries one, or a
-            batch whose ``members`` is not a list of at least two JSON objects.
+            schema version that is not an integer of at least 2 in a form that carries one, a
+            batch whose ``members`` is not a list of at least two JSON objects, or what no writer
+            gives: a key twice in one JSON object, ``NaN`` or an infinite number, a non-finite
+            ``$decimal``, a ``$bytes`` that is not base64, an ``entity`` that is not a string, a
+            ``meta`` that is not an object. Fields the form does not name are read past.
     """
     return _decode(data)[1]
 
@@ -296,10 +299,42 @@ def repeated_key_members(members: Sequence[ChangeSet]) -> frozenset[int]:
     return frozenset(repeated)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict, refusing a key given twice (which ``json`` would let
+    the last one win: two writers' readings of one record could differ)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ChangeSetFormatError(f"change-set data has the key {key!r} twice in one JSON object")
+            seen.add(key)
+    return document
+
+
+def _no_constant(name: str) -> Any:
+    """``json``'s ``parse_constant``: no writer gives ``NaN``, ``Infinity`` or ``-Infinity``."""
+    raise ChangeSetFormatError(
+        f"change-set data holds the constant {name}, which JSON does not have and no writer gives "
+        "(a float must be finite)"
+    )
+
+
+def _finite_float(text: str) -> float:
+    """``json``'s ``parse_float``: a number too large for a float (``1e999``) is not read as
+    infinity, which no writer gives."""
+    number = float(text)
+    if not math.isfinite(number):
+        raise ChangeSetFormatError(f"change-set data holds the number {text}, which is not finite as a float")
+    return number
+
+
 def _decode(data: bytes) -> tuple[int, tuple[ChangeSet, ...]]:
     """The form of a transaction's data and its change-sets (see :func:`decode_members`)."""
     try:
-        document = json.loads(data)
+        document = json.loads(
+            data, object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite_float
+        )
     except (ValueError, RecursionError) as exc:
         # ValueError: not UTF-8 or not JSON (JSONDecodeError), or an integer literal longer than
         # Python's digit limit; RecursionError: nesting deeper than the interpreter's stack.
@@ -350,11 +385,16 @@ def _decode_member(document: dict[str, Any], form: int) -> ChangeSet:
             version = op.get("sv", 1)
             if "sv" in op and (form == FORMAT_VERSION or type(version) is not int or version < 2):
                 raise ValueError(f"schema version {version!r} in a change-set of form {form}")
-            changes.append(RowChange(operation, str(op["entity"]), _decode_map(op["key"]), values, version))
+            entity = op["entity"]
+            if not isinstance(entity, str):
+                raise TypeError(f"entity must be a string, got {entity!r}")
+            changes.append(RowChange(operation, entity, _decode_map(op["key"]), values, version))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ChangeSetFormatError(f"malformed change-set operation: {exc!r}") from exc
     key = document.get("idempotency_key")
-    meta = document.get("meta") or {}
+    meta = document.get("meta")
+    if meta is None:  # absent: the writers leave out an empty one
+        meta = {}
     if key is not None and not isinstance(key, str):
         raise ChangeSetFormatError(f"idempotency_key must be a string, got {key!r}")
     if not isinstance(meta, dict):
@@ -407,12 +447,27 @@ def encode_value(value: Any) -> Any:
     )
 
 
+def _finite_decimal(text: str) -> decimal.Decimal:
+    """A ``$decimal``: finite, as :func:`encode_value` writes every ``Decimal`` a column holds
+    (``NaN``, ``sNaN`` and infinities are no amounts, and ``sNaN`` raises in comparisons)."""
+    number = decimal.Decimal(text)
+    if not number.is_finite():
+        raise ValueError("not a finite number")
+    return number
+
+
+def _base64(text: str) -> bytes:
+    """A ``$bytes``: standard base64 with its padding, as :func:`encode_value` writes it; other
+    characters are an error, not left out (which would read ``"@@@@"`` as ``b""``)."""
+    return base64.b64decode(text, validate=True)
+
+
 _DECODERS: dict[str, Any] = {
-    "$decimal": decimal.Decimal,
+    "$decimal": _finite_decimal,
     "$datetime": dt.datetime.fromisoformat,
     "$date": dt.date.fromisoformat,
     "$time": dt.time.fromisoformat,
-    "$bytes": base64.b64decode,
+    "$bytes": _base64,
     "$uuid": uuid.UUID,
 }
 
@@ -421,7 +476,9 @@ def decode_value(raw: Any) -> Any:
     """The inverse of :func:`encode_value` (without the schema: enums come back as their values).
 
     Raises:
-        ValueError: an unknown tag or a malformed tagged value.
+        ValueError: an unknown tag or a malformed tagged value (its text not a string; a
+            ``$decimal`` that is not a finite number; a ``$bytes`` that is not base64 with its
+            padding; a date, time or UUID that does not parse).
     """
     if isinstance(raw, dict):
         if len(raw) != 1:
@@ -430,6 +487,8 @@ def decode_value(raw: Any) -> Any:
         decoder = _DECODERS.get(tag)
         if decoder is None:
             raise ValueError(f"unknown value tag {tag!r}")
+        if not isinstance(text, str):
+            raise ValueError(f"malformed {tag} value {text!r}: not a string")
         try:
             return decoder(text)
         except (ArithmeticError, TypeError, ValueError) as exc:
