@@ -232,6 +232,71 @@ def test_records_cut_below_the_local_low_water_mark_are_an_error(
     ]
 
 
+@pytest.mark.parametrize("left", [None, 0, 10], ids=["segments-gone", "truncated-to-0", "truncated-to-10"])
+def test_a_partition_without_records_below_its_local_low_water_mark_is_an_error(
+    one_segment: Path, left: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica that held transactions 0..9, flushed, when a store session set its low-water mark
+    to 9, and whose only segment is then gone or cut to less than a header: verify fails naming
+    the lost range, as start-up logs it (before, verify passed with the warnings of an incomplete
+    new segment or of a partition without segment files)."""
+    with ControlFile.open(one_segment) as control:
+        partition = StoragePartition.create(one_segment / "0", 0, control)
+        try:
+            partition.set_low_water_mark(4, ONE_SEGMENT_RECORDS - 1)
+        finally:
+            partition.close()
+    data = segment_path(one_segment, 0)
+    segment_path(one_segment, 0, fmt.INDEX_SUFFIX).unlink()
+    if left is None:
+        data.unlink()
+    else:
+        with data.open("r+b") as f:
+            f.truncate(left)
+
+    result = waltz("verify", one_segment)
+
+    assert result.exit_code == 1, result.output
+    assert "partition 0: FAILED (1 error" in result.output
+    [error] = problem_lines(result, "ERROR")
+    assert error.startswith(f"ERROR: partition 0, file {one_segment / '0'}, transaction 0: "), error
+    assert "records end at transaction -1, below the local low-water mark 9" in error
+    assert "transactions 0..9 are lost" in error
+    with (
+        caplog.at_level(logging.ERROR, logger="waltz.services.storage.storage_partition"),
+        started_partition(one_segment) as started,
+    ):
+        assert started.max_transaction_id == -1
+    assert [r.getMessage() for r in caplog.records if "are lost on this replica" in r.getMessage()] == [
+        "partition 0: " + error.split("transaction 0: ", 1)[1]
+    ]
+
+
+def test_a_partition_restarted_at_its_cut_segment_s_first_transaction_loses_only_those_before_it(
+    storage: Path,
+) -> None:
+    """Retention deleted the segments before 21 and the last one (21..24) is cut to a few bytes:
+    start-up creates the first segment at 21 again, so transactions 21..24 are lost, not 0..24."""
+    with ControlFile.open(storage) as control:
+        partition = StoragePartition.create(storage / "0", 0, control, segment_size_threshold=THRESHOLD)
+        try:
+            partition.set_low_water_mark(4, RECORDS - 1)
+        finally:
+            partition.close()
+    for first in (0, 7, 14):
+        segment_path(storage, first).unlink()
+        segment_path(storage, first, fmt.INDEX_SUFFIX).unlink()
+    segment_path(storage, 21, fmt.INDEX_SUFFIX).unlink()
+    segment_path(storage, 21).write_bytes(b"")
+
+    result = waltz("verify", storage, "--partition", "0")
+
+    assert result.exit_code == 1, result.output
+    [error] = problem_lines(result, "ERROR")
+    assert "records end at transaction 20, below the local low-water mark 24" in error, error
+    assert "transactions 21..24 are lost" in error
+
+
 def test_a_damaged_length_before_valid_records_is_corruption_not_a_torn_tail(storage: Path) -> None:
     last = segment_path(storage, 21)
     flip_byte(last, offset_of(1) + LENGTH_BYTE)  # the data length of transaction 22 now runs past the end

@@ -19,7 +19,7 @@ from waltz.services.storage import format as fmt
 from waltz.services.storage.fsutil import fsync_directory
 from waltz.services.storage.segment import Segment
 
-__all__ = ["open_segments"]
+__all__ = ["first_id_of", "open_segments"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def open_segments(
                 path.unlink()
                 path.with_suffix(fmt.INDEX_SUFFIX).unlink(missing_ok=True)
                 fsync_directory(directory)
-                first_id = _first_id_of(path)
+                first_id = first_id_of(path)
                 continue
             segment = Segment.open(
                 path,
@@ -115,8 +115,13 @@ def _incomplete(path: Path, partition_id: int, cluster_key: uuid.UUID, checkpoin
     return False
 
 
-def _first_id_of(path: Path) -> int:
-    """The first transaction ID a segment file's name gives (0 when the name is not a number)."""
+def first_id_of(path: Path) -> int:
+    """The first transaction ID a segment file's name gives (0 when the name is not a number).
+
+    Start-up creates the partition's first segment there when it removed an incomplete new
+    segment ``path`` and no other segment is left (docs/design/storage.md "Start-up checks and
+    torn tails").
+    """
     try:
         return max(0, int(path.stem))
     except ValueError:

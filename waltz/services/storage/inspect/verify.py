@@ -43,6 +43,7 @@ from waltz.services.storage.inspect.report import (
     StorageReport,
 )
 from waltz.services.storage.retention_file import RETENTION_FILE, RetentionRecord, read_retention_file
+from waltz.services.storage.segment_chain import first_id_of
 from waltz.services.storage.storage_partition import DEFAULT_CHECKPOINT_INTERVAL
 
 __all__ = ["verify_partition", "verify_segment", "verify_storage"]
@@ -71,10 +72,24 @@ class _Problems:
 def _held_below_local_low_water_mark(entry: ControlPartition, report: PartitionReport) -> list[Problem]:
     """An ERROR when the partition's records, once start-up has cut a torn tail, end below the
     control file's local low-water mark: acknowledged, committed records lost on this replica
-    (:func:`~waltz.services.storage.control_file.held_records_lost`)."""
+    (:func:`~waltz.services.storage.control_file.held_records_lost`; docs/design/storage.md
+    "Start-up checks and torn tails").
+
+    A partition without a segment (all gone, or only an incomplete new one start-up removes) ends
+    where start-up creates its first segment: at the removed segment's first transaction, else 0.
+    """
     info = entry.info
-    if info is None or not report.segments or report.segments[-1].header is None:
-        return []  # no struct or no readable last segment: reported by their own checks
+    if info is None:
+        return []  # both structs corrupt: reported by the control file's checks
+    if not report.segments:
+        left = sorted(report.directory.glob("*" + fmt.SEGMENT_SUFFIX))
+        end = (first_id_of(left[-1]) if left else 0) - 1
+        lost = held_records_lost(end, info)
+        if lost is None:
+            return []
+        return [Problem(Severity.ERROR, lost, report.directory, entry.partition_id, -1, end + 1)]
+    if report.segments[-1].header is None:
+        return []  # no readable last segment: reported by its own checks
     last = report.segments[-1]
     lost = held_records_lost(last.max_transaction_id, info)
     if lost is None:
