@@ -304,7 +304,9 @@ def dump(
     archive's chunk file). Every record passed its checks: both CRCs on disk; from the archive the
     chunk's size, SHA-256, rows, consecutive IDs, each record's data against its checksum and its
     data_crc. A range below the local start without --archive, or a chunk that fails a check, is an
-    error naming the range (exit 2).
+    error naming the range (exit 2); so is a corrupt record on disk before the range's end (the
+    default range, everything on disk, reaches one the last segment holds), named with its file,
+    offset and transaction, after the records before it.
     """
     if storage_dir is None and archive is None:
         typer.echo("error: give a storage directory, --archive URL, or both", err=True)
@@ -334,10 +336,13 @@ def dump(
         last = to_txn
         if last is None:
             last = held.last_on_disk if storage_dir is not None else held.archived_through
+            if storage_dir is not None and held.corrupt_transaction_id is not None:
+                last = held.corrupt_transaction_id  # everything on disk: fail at the corrupt record
         if not json_output:
+            corrupt = "" if held.corruption is None else f", then {held.corruption}"
             typer.echo(
                 f"partition {partition}: local start {_or_none(held.local_start)}, last on disk "
-                f"{held.last_on_disk}, archive {_or_none(archive)}"
+                f"{held.last_on_disk}{corrupt}, archive {_or_none(archive)}"
                 + ("" if files is None else f" holds {_or_none(held.archive_start)}..{held.archived_through}")
             )
             heading = f"{'transaction':>12}  {'req id':<20} {'header':>11} {'length':>10}  data CRC    from"

@@ -650,6 +650,57 @@ def test_segment_dump_from_transaction_with_limit(storage: Path) -> None:
     assert "(stopped after 2 records: --limit)" in result.output
 
 
+# ---- partition dump ----
+
+
+def test_a_dump_that_meets_a_corrupt_record_in_its_range_fails_naming_it(storage: Path) -> None:
+    """A flipped data byte in transaction 10 (a sealed segment): a dump whose range reaches it lists
+    the records before it and fails naming the file, offset and transaction (exit 2), where it
+    stopped there without a word and exited 0; a range that ends before it is listed as before."""
+    path = segment_path(storage, 7)
+    flip_byte(path, offset_of(3) + fmt.RECORD_HEADER_SIZE + 5)  # transaction 10's data
+
+    for arguments in ([], ["--from-txn", "8", "--to-txn", "12"]):
+        result = waltz("dump", storage, "-p", "0", *arguments)
+
+        assert result.exit_code == 2, result.output
+        listed = [
+            int(line.split()[0])
+            for line in result.output.splitlines()
+            if line.split()[:1] and line.split()[0].isdigit()
+        ]
+        assert listed == list(range(int(arguments[1]) if arguments else 0, 10)), result.output
+        assert f"error: partition 0: a corrupt record at offset {offset_of(3)} of {path}" in result.output
+        assert "where transaction 10 was due" in result.output
+        assert f"waltz disk verify-segment {path}" in result.output
+        assert "records listed" not in result.output
+
+    before = waltz("dump", storage, "-p", "0", "--to-txn", "9")
+    assert before.exit_code == 0, before.output
+    assert "(10 records listed)" in before.output
+
+
+def test_a_dump_says_the_records_on_disk_end_at_a_corrupt_record(storage: Path) -> None:
+    """A flipped data byte in transaction 22 of the last segment: the header line says the records
+    end at a corrupt record (last on disk 21, not 24 and not as though the disk ended there), and
+    the default range, everything on disk, fails at it."""
+    path = segment_path(storage, 21)
+    flip_byte(path, offset_of(1) + fmt.RECORD_HEADER_SIZE + 5)
+
+    held = inspect.partition_range(storage, 0, None)
+    assert held.last_on_disk == 21
+    assert held.corruption is not None and f"offset {offset_of(1)} of {path}" in held.corruption
+    result = waltz("dump", storage, "-p", "0", "--from-txn", "20")
+
+    assert result.exit_code == 2, result.output
+    assert (
+        f"partition 0: local start 0, last on disk 21, then a corrupt record at offset {offset_of(1)} of "
+        f"{path} where transaction 22 was due"
+    ) in result.output
+    assert [line.split()[0] for line in result.output.splitlines()[2:4]] == ["20", "21"]
+    assert "error: partition 0: a corrupt record" in result.output
+
+
 # ---- unusable input ----
 
 

@@ -21,7 +21,13 @@ from waltz.archive.reader import chunks_of
 from waltz.errors import WaltzError
 from waltz.protocol.records import Record
 from waltz.services.storage import format as fmt
-from waltz.services.storage.inspect.reader import SegmentFile, find_record_offset
+from waltz.services.storage.inspect.reader import (
+    RecordScan,
+    SegmentFile,
+    StopKind,
+    classify_stop,
+    find_record_offset,
+)
 
 __all__ = [
     "DumpRangeError",
@@ -35,7 +41,7 @@ __all__ = [
 
 class DumpRangeError(WaltzError):
     """The range asked for is not where the dump may read it (below the local start without an
-    archive, or past what the files hold)."""
+    archive, past what the files hold, or behind a corrupt record)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +67,24 @@ class PartitionRange:
         local_start: the first transaction of its first segment (None: no storage directory, or
             no segment).
         last_on_disk: the last transaction of its segments as their names and the last one's scan
-            say (-1: none).
+            say (-1: none); with ``corruption``, the last one before the corrupt record.
         archive_start: the first archived transaction (None: no archive, or nothing archived).
         archived_through: the last archived transaction (-1: none).
+        corruption: None when the scan of the last segment holding records ended at the end of
+            the file or at a torn tail (which start-up cuts); else where it stopped, as start-up
+            classifies it (:func:`~waltz.services.storage.inspect.reader.classify_stop`): "a
+            corrupt record at offset O of FILE where transaction T was due (why)". The records
+            on disk end there for a reader (docs/design/storage.md "Start-up checks and torn
+            tails"); ``waltz disk verify`` says what lies after it.
+        corrupt_transaction_id: the transaction due at the corrupt record (None without one).
     """
 
     local_start: int | None
     last_on_disk: int
     archive_start: int | None
     archived_through: int
+    corruption: str | None = None
+    corrupt_transaction_id: int | None = None
 
 
 def segment_paths(storage_dir: Path | str, partition_id: int) -> list[Path]:
@@ -83,6 +98,9 @@ def partition_range(
 ) -> PartitionRange:
     """Where a partition's records are: its segments' range and the archive's.
 
+    The last segment that holds a record is scanned; when the scan stops at a corrupt record (not
+    a torn tail), the range says so (:attr:`PartitionRange.corruption`).
+
     Raises:
         OSError: a segment file cannot be read.
         CorruptDataError: a segment header is unusable.
@@ -91,6 +109,8 @@ def partition_range(
     """
     local_start: int | None = None
     last = -1
+    corruption: str | None = None
+    corrupt_id: int | None = None
     if storage_dir is not None:
         paths = segment_paths(storage_dir, partition_id)
         if paths:
@@ -98,17 +118,33 @@ def partition_range(
                 local_start = first_segment.header.first_transaction_id
             for path in reversed(paths):
                 with SegmentFile(path) as segment:
-                    ids = [s.record.transaction_id for s in segment.scan()]
-                    if ids:
-                        last = ids[-1]
+                    scan = segment.scan()
+                    ids = [s.record.transaction_id for s in scan]
+                    last = ids[-1] if ids else segment.header.first_transaction_id - 1
+                    corruption = _corruption(segment, scan, last + 1)
+                    if ids or corruption is not None:
+                        corrupt_id = None if corruption is None else last + 1
                         break
-                    last = segment.header.first_transaction_id - 1
     start, through = None, -1
     if archive is not None:
         _require_archive(archive, partition_id)
         manifest = read_partition_manifest(archive, partition_id)
         start, through = manifest.start, manifest.archived_through
-    return PartitionRange(local_start, last, start, through)
+    return PartitionRange(local_start, last, start, through, corruption, corrupt_id)
+
+
+def _corruption(segment: SegmentFile, scan: RecordScan, due: int) -> str | None:
+    """Where a finished ``scan`` of ``segment`` stopped at a corrupt record, in words; None when it
+    ended at the end of the file or at a torn tail (``due``: the transaction expected there)."""
+    if scan.stop is None:  # pragma: no cover - a finished scan always says why it stopped
+        return None
+    stop = classify_stop(segment, scan.stop, due)
+    if stop.kind is not StopKind.CORRUPT:
+        return None
+    return (
+        f"a corrupt record at offset {stop.offset} of {segment.path} where transaction {due} was due "
+        f"({stop.reason})"
+    )
 
 
 def _require_archive(archive: ArchiveFiles, partition_id: int) -> None:
@@ -148,7 +184,10 @@ def dump_records(
 
     Raises:
         DumpRangeError: a part of the range is below the local start and no archive is given,
-            or the segments hold no record where one is due (a gap, a corrupt record).
+            or the segments hold no record where one is due (a gap, or a corrupt record as
+            start-up classifies it, named with its file, offset and due transaction:
+            docs/design/storage.md "Start-up checks and torn tails"). The records before it have
+            been yielded.
         ArchiveCheckError: the archive does not hold the range below the local start, or a chunk
             fails a check (the message names the file and its range).
         OSError: a file cannot be read.
@@ -183,6 +222,8 @@ def dump_records(
 
 
 def _segment_records(paths: list[Path], partition_id: int, first: int, last: int) -> Iterator[DumpedRecord]:
+    """The records ``first..last`` of ``paths``; they may end before ``last`` (at the end of the
+    last segment, or at a torn tail start-up cuts), never at a corrupt record or a gap."""
     firsts = [int(p.stem) for p in paths]
     start_index = max((i for i, f in enumerate(firsts) if f <= first), default=0)
     next_id = first
@@ -193,7 +234,8 @@ def _segment_records(paths: list[Path], partition_id: int, first: int, last: int
                     f"partition {partition_id}: transaction {next_id} is in no segment ({path} starts at "
                     f"{segment.header.first_transaction_id}); run waltz disk verify"
                 )
-            for scanned in segment.scan(find_record_offset(segment, next_id)):
+            scan = segment.scan(find_record_offset(segment, next_id))
+            for scanned in scan:
                 record = scanned.record
                 if record.transaction_id < next_id:
                     continue
@@ -206,3 +248,9 @@ def _segment_records(paths: list[Path], partition_id: int, first: int, last: int
                 next_id += 1
                 if next_id > last:
                     return
+            corruption = _corruption(segment, scan, next_id)
+            if corruption is not None:
+                raise DumpRangeError(
+                    f"partition {partition_id}: {corruption}: it and the records after it cannot be "
+                    f"listed; run waltz disk verify-segment {path}"
+                )
