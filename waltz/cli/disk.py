@@ -545,7 +545,8 @@ def stats(
     and the max transaction ID, the archived-through of its retention file (-1: none), and the
     session ID, low-water mark and local low-water mark of the current partition-info struct and
     the fence from the control file. Every record is read and its CRCs checked, so the numbers are exact;
-    the last column counts the problems found (details: waltz disk verify).
+    the last column counts the problems found (details: waltz disk verify). A --partition the
+    directory does not hold is refused (exit 2), naming those it holds.
     """
     with _usage_errors():
         summaries = inspect.collect_stats(storage_dir, partition)

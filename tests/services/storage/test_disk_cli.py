@@ -574,6 +574,27 @@ def test_stats_numbers(storage: Path) -> None:
     assert row == ["0", "4", "25", "3500", "2500", "0", "24", "-1", "3", "20", "20", "3", "none"]
 
 
+@pytest.mark.parametrize(
+    ("asked", "words"),
+    [
+        (["1"], "partition 1: {storage} holds no such partition (it holds 0, 2)"),
+        (["0", "9"], "partition 9: {storage} holds no such partition (it holds 0, 2; the cluster has 3)"),
+    ],
+    ids=["unassigned", "out-of-range"],
+)
+def test_stats_of_a_partition_the_directory_does_not_hold_is_refused(
+    storage: Path, asked: list[str], words: str
+) -> None:
+    """As waltz disk dump refuses it (exit 2, naming what the directory holds), where stats printed
+    an empty table (or the other partitions' rows alone) and exited 0."""
+    for output in ([], ["--json"]):
+        result = waltz("stats", storage, *[a for p in asked for a in ("--partition", p)], *output)
+
+        assert result.exit_code == 2, result.output
+        assert f"error: {words.format(storage=storage)}" in result.output
+        assert "local lwm" not in result.output and "[" not in result.output
+
+
 # ---- local start and retention file ----
 
 

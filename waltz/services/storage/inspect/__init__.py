@@ -52,7 +52,7 @@ from waltz.services.storage.inspect.report import (
     Severity,
     StorageReport,
 )
-from waltz.services.storage.inspect.stats import collect_stats
+from waltz.services.storage.inspect.stats import PartitionNotHeldError, collect_stats
 from waltz.services.storage.inspect.verify import verify_partition, verify_segment, verify_storage
 
 __all__ = [
@@ -64,6 +64,7 @@ __all__ = [
     "FenceSlot",
     "IndexFile",
     "PartitionInfoStruct",
+    "PartitionNotHeldError",
     "PartitionRange",
     "PartitionReport",
     "PartitionSummary",
