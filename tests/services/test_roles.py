@@ -16,11 +16,13 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
 import pytest
+from kazoo.client import KazooClient
 from typer.testing import CliRunner
 
 from tests.client.client_helpers import Append, MemoryStore
@@ -33,6 +35,7 @@ from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalStorageNode
 from waltz.local.options import SecurityOptions
 from waltz.local.processes import wait_for_port
+from waltz.metadata.zk import ClusterZk
 from waltz.protocol.records import ReqId
 from waltz.protocol.server_client import ServerAdminClient
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient, StorageStreamError
@@ -357,25 +360,66 @@ def test_metrics_and_health_need_an_operator_admin_or_node_certificate(
             assert path != "/metrics" or b"waltz_storage" in body
 
 
-def test_an_unassign_the_node_refuses_says_what_to_fix_not_to_wait_for_the_node(
+@contextmanager
+def store_znodes(cluster: LocalCluster) -> Iterator[Callable[[], list[tuple[bytes, int]]]]:
+    """A reader of ``store/assignment``, ``store/connection`` and ``store/group``: (data, version)."""
+    zk = KazooClient(hosts=cluster.zookeeper_connect_string)
+    zk.start(TIMEOUT)
+    try:
+        paths = ClusterZk(zk, cluster.root, timeout=TIMEOUT).paths
+
+        def read() -> list[tuple[bytes, int]]:
+            found = [zk.get(path) for path in (paths.assignment, paths.connection, paths.group)]
+            return [(data, stat.version) for data, stat in found]
+
+        yield read
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def test_an_operator_certificate_changes_no_storage_node_or_replica_in_zookeeper(
     secured: LocalCluster,
 ) -> None:
-    """With the operator's certificate the node refuses to drop the partition (the admin role's
-    request) after ZooKeeper changed: the command says to fix what the node says, not to wait
-    for a node that answered; the admin's certificate then puts the replica back."""
+    """Operators and admins hold the same ZooKeeper credential, so the tools check the certificate's
+    role before writing there: with the operator's certificate, unassign, remove, add, assign and
+    auto-assign are refused (exit 1) naming the admin role, and store/* keeps its data and versions
+    (before, unassign removed the replica from ZooKeeper and only then did the node refuse, and
+    remove took a node out of the cluster). The admin's certificate is the control."""
     storage = secured.storages[0].address
     runner = CliRunner()
     as_operator = secured.admin_env("operator")
     as_admin = secured.admin_env("admin")
-    try:
-        refused = runner.invoke(
-            app, ["cluster", "storage", "unassign", storage, "--partition", "0", "--force"], env=as_operator
+
+    def refused_as_operator(*arguments: str) -> None:
+        result = runner.invoke(app, ["cluster", "storage", *arguments], env=as_operator)
+        assert result.exit_code == 1, (arguments, result.output)
+        assert "needs a certificate with the role urn:waltz:role:admin" in result.output, result.output
+        assert (
+            "this certificate's roles: operator" in result.output and "Nothing was written" in result.output
         )
-        assert refused.exit_code == 1, refused.output
-        assert "ZooKeeper is updated, but the node still holds the partitions" in refused.output
-        assert "PERMISSION_DENIED" in refused.output
-        assert "needs a certificate with the admin role), then rerun" in refused.output
-        assert "when the node is back" not in refused.output
-    finally:
-        back = runner.invoke(app, ["cluster", "storage", "assign", storage, "--partition", "0"], env=as_admin)
-        assert back.exit_code == 0, back.output
+
+    with store_znodes(secured) as read:
+        before = read()
+        for arguments in (
+            ("unassign", storage, "--partition", "0", "--force"),
+            ("assign", storage, "--partition", "0"),
+            ("auto-assign", "--group", "0", "--force"),
+            ("add", "127.0.0.1:1", "--admin-port", "2"),
+        ):
+            refused_as_operator(*arguments)
+            assert read() == before, arguments
+        try:
+            unassigned = runner.invoke(
+                app, ["cluster", "storage", "unassign", storage, "--partition", "0", "--force"], env=as_admin
+            )
+            assert unassigned.exit_code == 0, unassigned.output
+            emptied = read()
+            assert emptied != before
+            refused_as_operator("remove", storage)  # a node without replicas: removable by an admin
+            assert read() == emptied
+        finally:
+            back = runner.invoke(
+                app, ["cluster", "storage", "assign", storage, "--partition", "0"], env=as_admin
+            )
+            assert back.exit_code == 0, back.output

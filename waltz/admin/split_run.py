@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from waltz.admin.admin_role import missing_admin_role
 from waltz.admin.split_open import open_child
 from waltz.admin.split_report import (
     DRY_RUN,
@@ -65,7 +66,6 @@ from waltz.metadata.zk_roles import Role as ZooKeeperRole
 from waltz.metadata.zk_roles import session_identities
 from waltz.metadata.zk_session import ZooKeeperUnavailableError, zookeeper_errors
 from waltz.protocol.channels import TlsConfig
-from waltz.protocol.roles import Role, role_uri, roles_of_certificate
 
 __all__ = ["SplitCheck", "SplitNotAuthorisedError", "SplitRun", "check_authority"]
 
@@ -151,20 +151,14 @@ def check_authority(cluster: ClusterZk, tls: TlsConfig | None, *, planning: bool
             f"the cluster under {cluster.paths.root} has no ZooKeeper credential: anyone who reaches "
             "ZooKeeper may split it, or write its epochs; protect it with `waltz cluster secure`"
         )
-    if tls is not None and tls.cert_file is not None:
-        held_roles = roles_of_certificate(tls.cert_file.read_bytes())
-        if Role.ADMIN not in held_roles:
-            names = ", ".join(sorted(r.value for r in held_roles)) or "none"
-            needed = (
-                f"a certificate with the role {role_uri(Role.ADMIN)} "
-                f"(cluster.ssl.certFile {tls.cert_file}; this certificate's roles: {names})"
+    needed = missing_admin_role(tls)
+    if needed is not None:
+        if not planning:
+            raise SplitNotAuthorisedError(
+                f"a split needs {needed}: it changes what every partition's owner accepts. "
+                "Nothing was written"
             )
-            if not planning:
-                raise SplitNotAuthorisedError(
-                    f"a split needs {needed}: it changes what every partition's owner accepts. "
-                    "Nothing was written"
-                )
-            warnings.append(f"the split itself needs {needed}")
+        warnings.append(f"the split itself needs {needed}")
     return tuple(warnings)
 
 

@@ -17,6 +17,12 @@ The two sides of a replica change are ordered so that a failure half-way is harm
   unused partition on the node, which ``waltz cluster verify`` reports);
 - unassign: ``store/assignment`` first, then the storage node (servers stop using the replica
   before it disappears; an unreachable node keeps the files until the command is rerun).
+
+Every change (add, remove, assign, unassign, auto-assign) checks, before it contacts a node or
+writes ZooKeeper (assign and unassign after their safety rules' read-only check), that the caller's
+certificate names the admin role (:func:`~waltz.admin.admin_role.require_admin_role`): operators
+hold the admins' ZooKeeper credential, so ZooKeeper would take an operator's write that the node
+then refuses (docs/design/overview.md "Roles").
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from typing import TypeVar
 
 from kazoo.exceptions import BadVersionError, NoAuthError, RolledBackError
 
+from waltz.admin.admin_role import require_admin_role
 from waltz.admin.description import describe_cluster, unknown_partitions
 from waltz.admin.description import partition_ids as existing_partitions
 from waltz.admin.storage_nodes import (
@@ -214,7 +221,10 @@ class StorageNodeAdmin:
             ConfigurationError: bad connect string or admin port.
             MetadataError: the node is already in the cluster.
             StorageUnreachableError, StorageRpcError: the node did not answer, or refused.
+            AdminRoleRequiredError: the certificate lacks the admin role (nothing contacted or
+                written).
         """
+        require_admin_role(self.tls, f"adding storage node {storage}")
         try:
             check_connect_string(storage)
         except MetadataError as exc:
@@ -267,7 +277,9 @@ class StorageNodeAdmin:
         Raises:
             MetadataError: the node is not in the cluster, or still holds replicas (unassign them
                 first).
+            AdminRoleRequiredError: the certificate lacks the admin role (nothing written).
         """
+        require_admin_role(self.tls, f"removing storage node {storage}")
         paths = self.cluster.paths
         for _ in range(MAX_CAS_ATTEMPTS):
             connection = self.cluster.connection()
@@ -392,6 +404,8 @@ class StorageNodeAdmin:
                 unchanged).
             ConfigurationError: unknown partitions.
             MetadataError: the node is not in the cluster.
+            AdminRoleRequiredError: the certificate lacks the admin role (nothing contacted or
+                written).
         """
         params = self.cluster.params()
         ids = self._check_partitions(params, partitions)
@@ -400,6 +414,7 @@ class StorageNodeAdmin:
             reasons = self._refusals(storage, ids, True)
             if reasons:
                 raise ReplicaChangeRefusedError(reasons)
+        require_admin_role(self.tls, f"assigning replicas to storage node {storage}")
 
         count = len(existing_partitions(self.cluster, params))
         opened = count > params.num_partitions and ids[-1] >= params.num_partitions
@@ -439,9 +454,16 @@ class StorageNodeAdmin:
         Raises:
             ReplicaChangeRefusedError: the rule refused a partition (nothing changed).
             ConfigurationError: unknown partitions.
+            AdminRoleRequiredError: the certificate lacks the admin role, which the node's side
+                needs (nothing written: ZooKeeper would take the operators' credential).
         """
         params = self.cluster.params()
         ids = self._check_partitions(params, partitions)
+        if not force:  # refuse before the role check, as assign does; checked again in the compare-and-set
+            reasons = self._refusals(storage, ids, False)
+            if reasons:
+                raise ReplicaChangeRefusedError(reasons)
+        require_admin_role(self.tls, f"unassigning replicas from storage node {storage}")
         changed, unchanged, warnings = self._change_assignment(storage, ids, False, force)
         log.info("storage node %s: unassigned partitions %s", storage, changed)
 
@@ -475,7 +497,10 @@ class StorageNodeAdmin:
 
         Raises:
             MetadataError: no storage node is in the group.
+            AdminRoleRequiredError: the certificate lacks the admin role (nothing contacted or
+                written).
         """
+        require_admin_role(self.tls, f"assigning the replicas of group {group}")
         description = describe_cluster(self.cluster)
         nodes = sorted(n.connect_string for n in description.storage_nodes if n.group == group)
         if not nodes:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kazoo.exceptions import KazooException
 
+from waltz.admin.admin_role import AdminRoleRequiredError
 from waltz.admin.cluster_admin import ClusterAdmin
 from waltz.admin.config import ClusterAdminConfig
 from waltz.cli.output import fail
@@ -65,7 +66,8 @@ def connected_admin(
         The connected cluster admin, closed when the block ends.
 
     Raises:
-        typer.Exit: 1 when a replica change safety rule or a storage node refused; 2 when the
+        typer.Exit: 1 when a replica change safety rule, a storage node or the certificate's role
+            (:class:`~waltz.admin.admin_role.AdminRoleRequiredError`) refused; 2 when the
             settings are incomplete, ZooKeeper failed, or another Waltz error stopped the command
             (the message is printed first).
     """
@@ -102,7 +104,7 @@ def connected_admin(
     try:
         with admin:
             yield admin
-    except (ReplicaChangeRefusedError, StorageRpcError) as exc:
+    except (ReplicaChangeRefusedError, StorageRpcError, AdminRoleRequiredError) as exc:
         raise fail(str(exc), 1) from exc
     except WaltzError as exc:
         raise fail(str(exc), 2) from exc

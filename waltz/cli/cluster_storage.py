@@ -132,8 +132,9 @@ def storage_unassign(
 
     Refused (exit 1) when fewer caught-up replicas than a quorum of the remaining replicas would
     be left, or none at all. If the node cannot be reached after ZooKeeper changed, it keeps the
-    partitions' files: rerun the command when it is back (exit 1 until then); if it refuses (a
-    certificate without the admin role), fix what it says and rerun it.
+    partitions' files: rerun the command when it is back (exit 1 until then); if it refuses, fix
+    what it says and rerun it. A certificate without the admin role is refused before ZooKeeper
+    changes (exit 1), as by add, remove, assign and auto-assign.
     """
     ids = parse_partitions(partition)
     with connected_admin(config, zookeeper, root, timeout) as admin:

@@ -170,6 +170,8 @@ def run_action(admin: ClusterAdmin, action: Action) -> str:
 
     Raises:
         ReplicaChangeRefusedError: a safety rule refused the change (nothing changed).
+        AdminRoleRequiredError: the console's certificate lacks the admin role a replica change
+            needs (nothing changed).
         ActionFailedError: a removal changed ZooKeeper but the storage node refused it or did not
             answer (it still holds the partition): the action did not do all it should.
         WaltzError: ZooKeeper or a storage node failed, or the arguments are wrong.
