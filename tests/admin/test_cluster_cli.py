@@ -399,6 +399,15 @@ def test_assign_and_unassign_follow_the_safety_rules(
     unknown = cli("storage", "assign", f"127.0.0.1:{free_port()}", "--partition", "0", expect=2)
     assert "not in the cluster" in unknown.output and "waltz cluster storage add" in unknown.output
     cli("storage", "assign", c.address, "--partition", "7", expect=2)
+    # An unassign from a node not in the cluster (a typo) changes nothing and says so, where it
+    # said ZooKeeper was updated and the node still held the partitions.
+    version = cluster.assignments().version
+    stranger = f"127.0.0.1:{free_port()}"
+    typo = cli("storage", "unassign", stranger, "--partition", "1", expect=2)
+    assert f"storage node {stranger} is not in the cluster under {zk_root}" in typo.output, typo.output
+    assert "waltz cluster list" in typo.output, typo.output
+    assert "ZooKeeper is updated" not in typo.output and "still holds" not in typo.output, typo.output
+    assert cluster.assignments().version == version
 
 
 def test_unassign_from_a_stopped_node_updates_zookeeper_and_says_the_node_keeps_files(

@@ -177,13 +177,28 @@ class StorageNodeAdmin:
             raise auth_error(self.cluster.zk, f"writing under {self.cluster.paths.root}", refused)
         raise MetadataError(f"a ZooKeeper transaction under {self.cluster.paths.root} failed: {failures!r}")
 
-    def _admin_address(self, storage: str) -> str:
+    def _admin_address(self, storage: str, *, adding: bool = True) -> str:
+        """The admin address of ``storage`` from ``store/connection``.
+
+        Args:
+            storage: the node's connect string.
+            adding: the command may be meant for a node not added yet (assign): the message says
+                how to add it; else (unassign) it says to check the connect string.
+
+        Raises:
+            MetadataError: the node is not in the cluster (naming the nodes that are).
+        """
         connection = self.cluster.connection().value
         if storage not in connection.admin_ports:
+            known = ", ".join(sorted(connection.admin_ports)) or "none"
+            then = (
+                f"add it with waltz cluster storage add {storage} --admin-port PORT"
+                if adding
+                else "check the connect string (waltz cluster list); nothing was changed"
+            )
             raise MetadataError(
                 f"storage node {storage} is not in the cluster under {self.cluster.paths.root} (no "
-                f"admin port in store/connection): add it with "
-                f"waltz cluster storage add {storage} --admin-port PORT"
+                f"admin port in store/connection; its storage nodes: {known}): {then}"
             )
         return connection.admin_address(storage)
 
@@ -454,11 +469,14 @@ class StorageNodeAdmin:
         Raises:
             ReplicaChangeRefusedError: the rule refused a partition (nothing changed).
             ConfigurationError: unknown partitions.
+            MetadataError: the node is not in the cluster (no admin port in ``store/connection``:
+                a mistyped connect string); nothing changed.
             AdminRoleRequiredError: the certificate lacks the admin role, which the node's side
                 needs (nothing written: ZooKeeper would take the operators' credential).
         """
         params = self.cluster.params()
         ids = self._check_partitions(params, partitions)
+        address = self._admin_address(storage, adding=False)  # a node not in the cluster: nothing to do
         if not force:  # refuse before the role check, as assign does; checked again in the compare-and-set
             reasons = self._refusals(storage, ids, False)
             if reasons:
@@ -474,7 +492,7 @@ class StorageNodeAdmin:
         storage_error = None
         refused = False
         try:
-            self._on_node(self._admin_address(storage), params, remove, initialise=False)
+            self._on_node(address, params, remove, initialise=False)
         except WaltzError as exc:
             storage_error = describe_failure(exc)
             refused = isinstance(exc, StorageRpcError | StorageAccessDeniedError)

@@ -134,7 +134,8 @@ def storage_unassign(
     be left, or none at all. If the node cannot be reached after ZooKeeper changed, it keeps the
     partitions' files: rerun the command when it is back (exit 1 until then); if it refuses, fix
     what it says and rerun it. A certificate without the admin role is refused before ZooKeeper
-    changes (exit 1), as by add, remove, assign and auto-assign.
+    changes (exit 1), as by add, remove, assign and auto-assign; so is a node not in the cluster
+    (exit 2).
     """
     ids = parse_partitions(partition)
     with connected_admin(config, zookeeper, root, timeout) as admin:
