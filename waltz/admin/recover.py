@@ -69,7 +69,9 @@ async def recover_partition(
 
     Raises:
         MetadataError: the destination is not assigned the partition, or a node has no admin port.
-        ReplicaChangeRefusedError: the destination is a writer of the current store session.
+        ReplicaChangeRefusedError: the destination is a writer of the current store session; its
+            message says to recover a replica that is behind (there is no override: the copy
+            would interleave with the live writer, docs/design/recovery.md "Cleaning each replica").
         StorageRpcError, ConnectionError: a storage node failed.
     """
     params = await asyncio.to_thread(cluster.params)
@@ -91,7 +93,11 @@ async def recover_partition(
             [
                 f"partition {partition_id}: {destination} is a caught-up replica of store session "
                 f"{metadata.session_id}; copying into it would interleave with the live writer"
-            ]
+            ],
+            hint=(
+                "a caught-up replica needs no copy: the store session writes it. Recover a replica "
+                "that is behind (waltz cluster list shows the replica states); nothing was copied"
+            ),
         )
     key, n = str(params.cluster_key), params.num_partitions
     async with StorageAdminClient(

@@ -25,6 +25,7 @@ from waltz.errors import WaltzError
 from waltz.metadata.values import PartitionMetadata
 
 __all__ = [
+    "FORCE_HINT",
     "ReplicaChangeRefusedError",
     "assign_refusal",
     "is_caught_up",
@@ -34,20 +35,27 @@ __all__ = [
 ]
 
 
+#: What to do about a refusal of ``assign``, ``unassign`` or ``auto-assign``, which take ``--force``.
+FORCE_HINT = (
+    "wait until the servers have caught the replicas up (waltz cluster list shows the replica "
+    "states), or pass --force if you accept the risk of losing committed transactions"
+)
+
+
 class ReplicaChangeRefusedError(WaltzError):
     """A replica change was refused by the safety rules; nothing was changed.
+
+    Args:
+        reasons: one line per refused partition.
+        hint: what to do next, the message's last line: :data:`FORCE_HINT` (the replica commands,
+            which take ``--force``) unless the refusing command says otherwise.
 
     Attributes:
         reasons: one line per refused partition.
     """
 
-    def __init__(self, reasons: Sequence[str]) -> None:
-        super().__init__(
-            "replica change refused:\n  "
-            + "\n  ".join(reasons)
-            + "\nwait until the servers have caught the replicas up (waltz cluster list shows the "
-            "replica states), or pass --force if you accept the risk of losing committed transactions"
-        )
+    def __init__(self, reasons: Sequence[str], hint: str = FORCE_HINT) -> None:
+        super().__init__("replica change refused:\n  " + "\n  ".join(reasons) + "\n" + hint)
         self.reasons = tuple(reasons)
 
 

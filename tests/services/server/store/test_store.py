@@ -794,8 +794,12 @@ def test_recover_partition_seeds_a_new_replica_with_committed_records(
         await write(300, 5)  # the second session's low-water mark is 299: committed for sure
         with pytest.raises(MetadataError, match="not assigned"):
             await recover_partition(store_cluster.zk, source.address, newcomer.address, 0)
-        with pytest.raises(ReplicaChangeRefusedError, match="caught-up replica"):
+        with pytest.raises(ReplicaChangeRefusedError, match="caught-up replica") as refused:
             await recover_partition(store_cluster.zk, source.address, store_cluster.storages[1].address, 0)
+        # recover-partition has no --force: its refusal says what to do instead (it offered --force).
+        said = str(refused.value)
+        assert "--force" not in said, said
+        assert "needs no copy" in said and "waltz cluster list" in said, said
         await asyncio.to_thread(admin.add, newcomer.address, newcomer.admin_port)
         await asyncio.to_thread(admin.assign, newcomer.address, [0])
         result = await recover_partition(store_cluster.zk, source.address, newcomer.address, 0)
