@@ -13,7 +13,9 @@ only the rest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from waltz.errors import MetadataError
@@ -63,7 +65,9 @@ async def recover_partition(
         destination: connect string of the storage node to copy to; it must be assigned the
             partition and must not be a caught-up replica of the current store session.
         partition_id: the partition.
-        timeout: seconds for each storage request.
+        timeout: seconds for each storage request, and for opening each node's stream (a node
+            that accepts connections but does not answer, such as a stopped process, is given up
+            on then).
         page: records per request.
         tls: client TLS files for the storage nodes.
 
@@ -73,6 +77,7 @@ async def recover_partition(
             message says to recover a replica that is behind (there is no override: the copy
             would interleave with the live writer, docs/design/recovery.md "Cleaning each replica").
         StorageRpcError, ConnectionError: a storage node failed.
+        TimeoutError: a storage node did not answer its open or a request within ``timeout``.
     """
     params = await asyncio.to_thread(cluster.params)
     metadata = (await asyncio.to_thread(cluster.partition_metadata, partition_id)).value
@@ -100,32 +105,37 @@ async def recover_partition(
             ),
         )
     key, n = str(params.cluster_key), params.num_partitions
-    async with StorageAdminClient(
-        connection.admin_address(source), key, n, tls=tls, initialise=False
-    ) as reader:
-        _, committed = await asyncio.wait_for(reader.last_session_info(partition_id), timeout)
+    source_admin = connection.admin_address(source)
+    async with contextlib.AsyncExitStack() as opened:
+        # Each client is made just before its open: a failed, refused or timed-out open closes it.
+        reader = StorageAdminClient(source_admin, key, n, tls=tls, initialise=False)
+        await _open_within(reader.open(), f"storage node {source_admin} (the source's admin port)", timeout)
+        opened.push_async_callback(reader.close)
         # The destination joins the current session ID: it fences no live writer.
-        async with StorageSessionClient(destination, key, n, metadata.session_id, tls=tls) as writer:
-            await asyncio.wait_for(writer.open_session(partition_id), timeout)
-            _, destination_lwm = await asyncio.wait_for(writer.last_session_info(partition_id), timeout)
-            # Everything up to its own low-water mark is committed: the node keeps it (the floor).
-            await asyncio.wait_for(writer.truncate(partition_id, destination_lwm), timeout)
-            kept = await asyncio.wait_for(writer.max_transaction_id(partition_id), timeout)
-            next_id = kept + 1
-            while next_id <= committed:
-                records = await asyncio.wait_for(
-                    reader.records(partition_id, next_id, min(page, committed - next_id + 1)), timeout
-                )
-                if not records or records[0].transaction_id != next_id:
-                    raise MetadataError(
-                        f"{source} does not hold transaction {next_id} of partition {partition_id}"
-                    )
-                await asyncio.wait_for(writer.append(partition_id, records), timeout)
-                next_id = records[-1].transaction_id + 1
-            # A low-water mark never goes down: the destination's may be the higher one.
-            await asyncio.wait_for(
-                writer.set_low_water_mark(partition_id, max(committed, destination_lwm)), timeout
+        writer = StorageSessionClient(destination, key, n, metadata.session_id, tls=tls)
+        await _open_within(writer.open(), f"storage node {destination} (the destination)", timeout)
+        opened.push_async_callback(writer.close)
+        _, committed = await asyncio.wait_for(reader.last_session_info(partition_id), timeout)
+        await asyncio.wait_for(writer.open_session(partition_id), timeout)
+        _, destination_lwm = await asyncio.wait_for(writer.last_session_info(partition_id), timeout)
+        # Everything up to its own low-water mark is committed: the node keeps it (the floor).
+        await asyncio.wait_for(writer.truncate(partition_id, destination_lwm), timeout)
+        kept = await asyncio.wait_for(writer.max_transaction_id(partition_id), timeout)
+        next_id = kept + 1
+        while next_id <= committed:
+            records = await asyncio.wait_for(
+                reader.records(partition_id, next_id, min(page, committed - next_id + 1)), timeout
             )
+            if not records or records[0].transaction_id != next_id:
+                raise MetadataError(
+                    f"{source} does not hold transaction {next_id} of partition {partition_id}"
+                )
+            await asyncio.wait_for(writer.append(partition_id, records), timeout)
+            next_id = records[-1].transaction_id + 1
+        # A low-water mark never goes down: the destination's may be the higher one.
+        await asyncio.wait_for(
+            writer.set_low_water_mark(partition_id, max(committed, destination_lwm)), timeout
+        )
     result = RecoverResult(partition_id, source, destination, committed, kept, max(0, committed - kept))
     log.info(
         "partition %d: copied transactions %d..%d from %s to %s",
@@ -136,3 +146,18 @@ async def recover_partition(
         destination,
     )
     return result
+
+
+async def _open_within(opening: Awaitable[None], what: str, timeout: float) -> None:
+    """Await a client's open for at most ``timeout`` seconds (a frozen node accepts the connection
+    and never answers); a timed-out open is cancelled, which closes its stream.
+
+    Raises:
+        TimeoutError: no answer within ``timeout``, naming ``what``.
+    """
+    try:
+        await asyncio.wait_for(opening, timeout)
+    except TimeoutError:
+        raise TimeoutError(
+            f"{what} did not answer its open within {timeout:g}s: check that it runs (waltz cluster list)"
+        ) from None

@@ -258,7 +258,9 @@ def storage_recover_partition(
     """Copy partitions from one storage node to another, offline, up to what is known committed
     (the source's low-water mark). The destination must be assigned the partitions and must not be
     a caught-up replica of the current store session; it is truncated to its own low-water mark
-    first. The next store session then catches it up only from there."""
+    first. The next store session then catches it up only from there. --timeout bounds the
+    opening of each node's stream and each request: a node that does not answer in time fails
+    the command (exit 2), named."""
 
     from waltz.admin.recover import recover_partition
 
