@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -176,6 +177,29 @@ def test_producer_text_output_and_poisson_arrivals(perf_cluster: LocalCluster) -
     assert "100 values" in latency
 
 
+def test_producer_with_a_timeout_reports_what_it_submitted_before_it(perf_cluster: LocalCluster) -> None:
+    # 20/s for 1 s: about 20 of the 300 arrive before the timeout; the rest are never submitted
+    result = invoke(
+        perf_cluster,
+        "producer",
+        "-n",
+        "300",
+        "--rate",
+        "20",
+        "--timeout",
+        "1",
+        "--lock-pool-size",
+        "0",
+        "--json",
+    )
+    report = json.loads(result.output)
+    assert report["failed"] <= 10, report  # at most those still in flight at the timeout
+    assert 1 <= report["submitted"] <= 60, report
+    assert report["submitted"] + report["not_submitted"] == 300
+    assert report["transactions"] + report["failed"] == report["submitted"]
+    assert report["latency_ms"]["count"] == report["transactions"]
+
+
 def test_consumer_catch_up_reads_everything_written(perf_cluster: LocalCluster) -> None:
     result = invoke(perf_cluster, "consumer", "-n", "300", "--json")
     report = json.loads(result.output)
@@ -286,6 +310,47 @@ def test_load_generator_keeps_at_most_max_in_flight_and_reports_stuck_transactio
     assert peak <= 4
     assert (stats.committed, stats.failed) == (49, 1)
     assert any("not ended" in e for e in stats.errors)
+
+
+def test_load_generator_submits_nothing_scheduled_after_the_timeout() -> None:
+    """Poisson arrivals at 10/s for a 1 s timeout: seed 4 schedules 15 arrivals before the
+    deadline (the 15th at 0.908 s, the 16th at 1.171 s). Only they are submitted, each commits
+    20 ms after its submit, and the other 985 are reported as not submitted, not as failed."""
+    seen: list[float] = []
+    lock = threading.Lock()
+
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        with lock:
+            seen.append(time.perf_counter())
+        threading.Timer(0.02, done, args=(Outcome(),)).start()
+
+    stats = run_load(
+        submit, LoadSpec(1000, lock_pool_size=0, max_in_flight=500, rate=10.0, timeout=1.0, seed=4)
+    )
+    assert len(seen) == 15
+    assert (stats.submitted, stats.committed, stats.failed, stats.not_submitted) == (15, 15, 0, 985)
+    assert stats.errors == []
+    assert stats.latency.count == 15
+    assert stats.latency.percentile_ms(0) >= 20.0  # from the scheduled arrival: never before it
+    assert "appended 15 transactions (0 failed) of 15 submitted" in stats.text("appended")
+    assert "not submitted before the timeout: 985 transactions" in stats.text("appended")
+
+
+def test_load_generator_closed_loop_stops_submitting_at_the_timeout() -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def submit(request: Request, done: Callable[[Outcome], None]) -> None:
+        with lock:
+            seen.append(request.index)
+        threading.Timer(0.05, done, args=(Outcome(),)).start()
+
+    stats = run_load(submit, LoadSpec(1000, lock_pool_size=0, max_in_flight=2, timeout=0.5))
+    assert 2 <= len(seen) <= 30, seen  # two at a time, 50 ms each, for 0.5 s
+    assert stats.submitted == len(seen)
+    assert stats.committed + stats.failed == stats.submitted
+    assert stats.failed <= 2  # at most the two in flight at the deadline
+    assert stats.not_submitted == 1000 - len(seen)
 
 
 def test_load_generator_counts_a_raising_submitter_as_failed() -> None:

@@ -98,7 +98,14 @@ def producer(
     seed: Annotated[
         int | None, typer.Option(help="Seed of lock and arrival draws.", show_default=False)
     ] = None,
-    timeout: RunTimeoutOption = 600.0,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            min=1.0,
+            help="Seconds the measured phase may take: nothing is submitted after it (the rest is "
+            "reported as not submitted); a transaction still in flight then counts as failed.",
+        ),
+    ] = 600.0,
     local: LocalOption = False,
     storages: LocalStoragesOption = 3,
     servers: LocalServersOption = 1,

@@ -13,6 +13,10 @@ Arrival processes:
   (upstream ProducerPerf's ``--interval``, as a rate). ``max_in_flight`` still caps the
   outstanding transactions; latency runs from the *scheduled* arrival time, so time spent
   waiting behind a slow system counts (no coordinated omission).
+
+Either way the run stops submitting at its ``timeout``: no transaction starts after it, and none
+whose scheduled arrival lies past it. Those it never started are reported as not submitted, not
+as failed (docs/benchmarks.md "`waltz perf producer` and `waltz perf consumer`").
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ class LoadSpec:
             no lock (upstream ProducerPerf's ``--lock-pool-size``).
         max_in_flight: transactions outstanding at most (closed loop: exactly this many).
         rate: Poisson arrivals at this mean rate in transactions/s; 0 means closed loop.
-        timeout: seconds the whole run may take; transactions not ended by then count as failed.
+        timeout: seconds the whole run may take: no transaction is submitted after it (nor one
+            scheduled to arrive after it), and those submitted but not ended by then count as
+            failed.
         seed: seed of the lock and arrival draws (None: random).
     """
 
@@ -135,9 +141,11 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
         spec: the load.
 
     Returns:
-        The run's stats: committed and failed counts, retries, payload bytes of the committed
-        transactions, the measured phase's wall-clock start and end, and the latency histogram
-        (committed transactions only). Transactions still outstanding after ``spec.timeout``
+        The run's stats: submitted, committed and failed counts (committed + failed ==
+        submitted), the transactions not submitted because ``spec.timeout`` seconds passed
+        first (``not_submitted``), retries, payload bytes of the committed transactions, the
+        measured phase's wall-clock start and end, and the latency histogram (committed
+        transactions only). Submitted transactions still outstanding after ``spec.timeout``
         seconds count as failed (and are reported in ``errors``).
     """
     stats = RunStats()
@@ -178,7 +186,6 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
     start = time.perf_counter()
     deadline = start + spec.timeout
     arrival = start
-    timed_out = False
     perf_counter = time.perf_counter
     randrange = rng.randrange
     pool = spec.lock_pool_size
@@ -186,18 +193,23 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
         lock_id = randrange(pool) if pool else None
         if spec.rate:
             arrival += rng.expovariate(spec.rate)
+            if arrival >= deadline:
+                break  # scheduled after the timeout: neither it nor a later one is submitted
             delay = arrival - perf_counter()
             if delay > 0:
-                time.sleep(min(delay, max(0.0, deadline - perf_counter())))
+                time.sleep(delay)
         try:
             slots.get(timeout=max(0.0, deadline - perf_counter()))
         except queue.Empty:
-            timed_out = True
+            break
+        if perf_counter() >= deadline:
+            slots.put(None)
             break
         begun = arrival if spec.rate else perf_counter()
         request = Request(index, lock_id, make_payload(size))
         with lock:
             outstanding += 1
+            stats.submitted += 1
         token = [True]  # list.pop is atomic: only the first call of done() gets it
 
         def done(outcome: Outcome, begun: float = begun, token: list[bool] = token) -> None:
@@ -214,10 +226,10 @@ def run_load(submit: Submitter, spec: LoadSpec) -> RunStats:
     with lock:
         while outstanding and all_done.wait(max(0.0, deadline - time.perf_counter())):
             pass
-        if outstanding or timed_out:
-            never = spec.transactions - stats.committed - stats.failed
-            stats.failed += never
-            stats.errors.append(f"{never} transaction(s) not ended after the {spec.timeout:g}s timeout")
+        if outstanding:
+            stats.failed += outstanding
+            stats.errors.append(f"{outstanding} transaction(s) not ended after the {spec.timeout:g}s timeout")
+        stats.not_submitted = spec.transactions - stats.submitted
         closed = True
     stats.latency.record_all(latencies)
     return stats

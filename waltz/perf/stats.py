@@ -173,7 +173,12 @@ class RunStats:
 
     Attributes:
         committed: transactions committed (or, for a consumer, applied).
-        failed: transactions that ended with an error.
+        failed: submitted transactions that ended with an error or had not ended at the run's
+            timeout.
+        submitted: transactions handed to the client (a producer's ``committed + failed``; 0 for
+            a consumer).
+        not_submitted: transactions of the run never submitted because its timeout came first
+            (docs/benchmarks.md "`waltz perf producer` and `waltz perf consumer`").
         retries: attempts beyond the first, summed over the transactions.
         payload_bytes: payload bytes of the committed transactions.
         started: wall-clock time (``time.time()``, seconds) when the measured phase started.
@@ -202,6 +207,8 @@ class RunStats:
 
     committed: int = 0
     failed: int = 0
+    submitted: int = 0
+    not_submitted: int = 0
     retries: int = 0
     payload_bytes: int = 0
     started: float = 0.0
@@ -275,6 +282,8 @@ class RunStats:
             self.ended = max(self.ended, other.ended)
         self.committed += other.committed
         self.failed += other.failed
+        self.submitted += other.submitted
+        self.not_submitted += other.not_submitted
         self.retries += other.retries
         self.payload_bytes += other.payload_bytes
         self.latency.add(other.latency)
@@ -288,6 +297,8 @@ class RunStats:
         return {
             "committed": self.committed,
             "failed": self.failed,
+            "submitted": self.submitted,
+            "not_submitted": self.not_submitted,
             "retries": self.retries,
             "payload_bytes": self.payload_bytes,
             "started": self.started,
@@ -304,6 +315,8 @@ class RunStats:
         return cls(
             committed=int(wire["committed"]),
             failed=int(wire["failed"]),
+            submitted=int(wire.get("submitted", 0)),
+            not_submitted=int(wire.get("not_submitted", 0)),
             retries=int(wire["retries"]),
             payload_bytes=int(wire["payload_bytes"]),
             started=float(wire["started"]),
@@ -320,7 +333,8 @@ class RunStats:
     def summary(self) -> dict[str, Any]:
         """The figures as a JSON-ready dict.
 
-        Keys: ``transactions`` (committed), ``failed``, ``seconds``, ``transactions_per_second``,
+        Keys: ``transactions`` (committed), ``failed``, ``submitted``, ``not_submitted``
+        (before the timeout came; see the attributes), ``seconds``, ``transactions_per_second``,
         ``mb_per_second``, ``retries``, ``retries_per_transaction``, ``latency_ms`` (``p50``,
         ``p90``, ``p99``, ``p99.9``, ``max``, ``mean``, ``count``; values NaN-free: None when no
         latency was recorded), ``cpu_us_per_transaction`` (:meth:`cpu_microseconds_per_transaction`,
@@ -332,6 +346,8 @@ class RunStats:
         return {
             "transactions": self.committed,
             "failed": self.failed,
+            "submitted": self.submitted,
+            "not_submitted": self.not_submitted,
             "seconds": round(self.seconds, 3),
             "transactions_per_second": round(self.transactions_per_second, 1),
             "mb_per_second": round(self.megabytes_per_second, 4),
@@ -353,11 +369,21 @@ class RunStats:
         }
 
     def text(self, what: str = "committed", latency_label: str = "submit->commit") -> str:
-        """The figures as the lines the CLI prints (upstream ProducerPerf's, plus percentiles)."""
+        """The figures as the lines the CLI prints (upstream ProducerPerf's, plus percentiles).
+
+        The first line says how many of the submitted transactions committed and failed (the
+        submitted count left out when none were, as for a consumer); a second says how many were
+        not submitted before the timeout, when any.
+        """
         mb = self.payload_bytes / _BYTES_PER_MB
+        of = f" of {self.submitted:,} submitted" if self.submitted else ""
         lines = [
-            f"{what} {self.committed:,} transactions ({self.failed:,} failed), {mb:.4f} MB, "
+            f"{what} {self.committed:,} transactions ({self.failed:,} failed){of}, {mb:.4f} MB, "
             f"in {self.seconds:.2f} s",
+        ]
+        if self.not_submitted:
+            lines.append(f"not submitted before the timeout: {self.not_submitted:,} transactions")
+        lines += [
             f"transactions/s: {self.transactions_per_second:,.1f}",
             f"MB/s: {self.megabytes_per_second:.4f}",
             f"retries/transaction: {self.retries_per_transaction:.4f}",
