@@ -21,7 +21,7 @@ from waltz.client import WaltzClientConfig
 from waltz.local.cluster import LocalCluster
 from waltz.perf.consumer import ConsumerSettings, run_consumer
 from waltz.perf.loadgen import LoadSpec, Outcome, Request, payload_submit_time, run_load
-from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, run_producer
+from waltz.perf.producer import WARMUP_TRANSACTIONS, ProducerSettings, current_high_water_marks, run_producer
 from waltz.perf.stats import LatencyHistogram
 
 PERCENTILE_KEYS = ["p50", "p90", "p99", "p99.9"]
@@ -154,13 +154,45 @@ def test_producer_without_locks_never_retries(perf_cluster: LocalCluster) -> Non
 
 
 def test_producer_one_hot_lock_retries_and_still_commits_all(perf_cluster: LocalCluster) -> None:
-    # one lock and 20 in flight: the high-water mark lags, so lock failures must happen and be retried
+    # one lock (on the one active partition) and 20 in flight: the high-water mark lags, so lock
+    # failures must happen and be retried
     result = invoke(
-        perf_cluster, "producer", "-n", "100", "--lock-pool-size", "1", "--in-flight", "20", "--json"
+        perf_cluster,
+        "producer",
+        "-n",
+        "100",
+        "--lock-pool-size",
+        "1",
+        "--active-partitions",
+        "1",
+        "--in-flight",
+        "20",
+        "--json",
     )
     report = json.loads(result.output)
     assert (report["transactions"], report["failed"]) == (100, 0)
     assert report["retries"] > 0
+
+
+def test_producer_refuses_a_lock_pool_smaller_than_the_active_partitions(perf_cluster: LocalCluster) -> None:
+    # lock i is on partition i mod 2: one lock would leave partition 1 unwritten
+    target = ["--zookeeper", perf_cluster.zookeeper_connect_string, "--root", perf_cluster.root]
+    runner = CliRunner()
+    for given in ([], ["--active-partitions", "2"]):
+        result = runner.invoke(
+            app,
+            ["perf", "producer", "-n", "20", "--lock-pool-size", "1", *given, *target],
+            env=perf_cluster.client_env(),
+        )
+        assert result.exit_code == 2, result.output
+        assert "a lock pool of 1 lock(s) cannot cover 2 active partitions" in result.output
+    # as many locks as partitions: every partition is written
+    config = WaltzClientConfig(**client_overrides(perf_cluster))
+    before = current_high_water_marks(config)
+    stats = run_producer(config, ProducerSettings(1, LoadSpec(40, lock_pool_size=2, seed=3)))
+    assert stats.committed == 40
+    after = current_high_water_marks(config)
+    assert all(after[p] > before[p] + WARMUP_TRANSACTIONS // 2 for p in (0, 1)), (before, after)
 
 
 def test_producer_text_output_and_poisson_arrivals(perf_cluster: LocalCluster) -> None:

@@ -81,7 +81,8 @@ def producer(
             "--lock-pool-size",
             "-l",
             min=0,
-            help="Each transaction takes one write lock drawn from this many; 0: no lock (no retries).",
+            help="Each transaction takes one write lock drawn from this many, lock i on partition i "
+            "mod the active partitions (so at least as many as those); 0: no lock (no retries).",
         ),
     ] = 1000,
     in_flight: InFlightOption = 500,

@@ -3,7 +3,9 @@
 Each client is a :class:`~waltz.client.client.WaltzClient` in a process of its own (one client
 runs in the calling process), driven by :func:`waltz.perf.loadgen.run_load`. A transaction carries
 ``payload_size`` bytes of raw data and, with a lock pool, one WRITE lock drawn from it; its
-partition is ``lock_id % active_partitions`` (``index % active_partitions`` without locks). The
+partition is ``lock_id % active_partitions`` (``index % active_partitions`` without locks), so
+the pool's locks are all the locks of the run, spread over the active partitions, and a pool
+smaller than the active partitions is refused (:func:`check_lock_pool`). The
 client high-water mark (the concurrency check) is the client's last applied transaction of the
 partition, kept in memory by :class:`PerfCallbacks`; a lock failure makes the client re-run
 ``execute``, counted as a retry.
@@ -42,6 +44,7 @@ __all__ = [
     "PerfCallbacks",
     "PerfContext",
     "ProducerSettings",
+    "check_lock_pool",
     "client_stage_totals",
     "client_stages_since",
     "current_high_water_marks",
@@ -81,6 +84,10 @@ class ProducerSettings:
         clients: client processes (1: the client runs in this process).
         load: what each client offers (its ``transactions`` are per client).
         active_partitions: partitions written, ``0 .. active_partitions - 1``; None means all.
+
+    Raises:
+        ValueError: fewer than 1 client or active partition, or a lock pool smaller than the
+            active partitions given (:func:`check_lock_pool`).
     """
 
     clients: int
@@ -90,8 +97,39 @@ class ProducerSettings:
     def __post_init__(self) -> None:
         if self.clients < 1:
             raise ValueError(f"clients must be at least 1, got {self.clients}")
-        if self.active_partitions is not None and self.active_partitions < 1:
-            raise ValueError(f"active_partitions must be at least 1, got {self.active_partitions}")
+        if self.active_partitions is not None:
+            if self.active_partitions < 1:
+                raise ValueError(f"active_partitions must be at least 1, got {self.active_partitions}")
+            check_lock_pool(self.load.lock_pool_size, self.active_partitions)
+
+
+def check_lock_pool(lock_pool_size: int, active_partitions: int) -> None:
+    """Refuse a lock pool that leaves active partitions unwritten (docs/benchmarks.md
+    "`waltz perf producer` and `waltz perf consumer`").
+
+    A transaction's partition is its lock's ID modulo the active partitions, so that the pool's
+    locks are the run's only locks (partition-local locks of the same ID on two partitions would
+    be two locks); a pool of fewer locks than active partitions would write only some of them.
+
+    Args:
+        lock_pool_size: write locks in the pool; 0 means no lock (every partition is written).
+        active_partitions: partitions the run writes, ``0 .. active_partitions - 1``.
+
+    Raises:
+        ValueError: ``0 < lock_pool_size < active_partitions``; the message names both and what
+            to change.
+    """
+    if 0 < lock_pool_size < active_partitions:
+        unwritten = (
+            f"partition {lock_pool_size}"
+            if lock_pool_size == active_partitions - 1
+            else f"partitions {lock_pool_size}..{active_partitions - 1}"
+        )
+        raise ValueError(
+            f"a lock pool of {lock_pool_size} lock(s) cannot cover {active_partitions} active partitions: "
+            f"lock i is written on partition i mod {active_partitions}, so {unwritten} would get no "
+            f"transaction; use at least {active_partitions} locks, 0 (no lock), or fewer active partitions"
+        )
 
 
 class PerfCallbacks(WaltzClientCallbacks):
@@ -323,7 +361,8 @@ def run_producer(
     Raises:
         WaltzError: the cluster could not be reached.
         RuntimeError: a client process failed (the message names it and its error).
-        ValueError: more active partitions than the cluster has.
+        ValueError: more active partitions than the cluster has, or a lock pool smaller than
+            the active partitions (:func:`check_lock_pool`).
     """
     if config.client_max_concurrent_transactions < settings.load.max_in_flight:
         config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
@@ -338,6 +377,8 @@ def run_producer(
 
 def _run_clients(config: WaltzClientConfig, settings: ProducerSettings) -> RunStats:
     start_marks = current_high_water_marks(config)
+    if settings.active_partitions is None:  # all partitions, known now (given ones: by the settings)
+        check_lock_pool(settings.load.lock_pool_size, len(start_marks))
     if settings.clients == 1:
         return _run_client(config, settings, start_marks, 0, None)
     context = multiprocessing.get_context("spawn")
