@@ -7,6 +7,7 @@ server, 2 partitions) on the session's ZooKeeper serves every test of the module
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -238,18 +239,44 @@ def test_consumer_catch_up_reads_everything_written(perf_cluster: LocalCluster) 
     assert report["mode"] == "catch-up"
     assert report["producers"]["transactions"] == 300
     consumer = report["consumer"]
-    assert consumer["transactions"] == 300 + WARMUP_TRANSACTIONS
+    assert consumer["transactions"] == 300  # the producers' warm-up transactions are not read
     assert consumer["failed"] == 0
+    # upstream's timer runs from the first apply; the other from the start of the reader's mount
+    assert consumer["seconds_from_mount"] >= consumer["seconds"] > 0
+    assert consumer["transactions_per_second_from_mount"] == pytest.approx(
+        300 / consumer["seconds_from_mount"], rel=0.01
+    )
     assert consumer["mb_per_second"] > 0
     assert consumer["latency_ms"]["count"] == 0
     assert list(consumer["cpu_us_per_transaction"]) == ["client"]  # the reader's; nodes unknown here
 
 
+def test_producer_raises_what_on_warmed_up_raised_and_stops_its_clients(perf_cluster: LocalCluster) -> None:
+    def fail() -> None:
+        raise OSError("the reader could not start")
+
+    config = WaltzClientConfig(**client_overrides(perf_cluster))
+    with pytest.raises(OSError, match="the reader could not start"):
+        run_producer(config, ProducerSettings(2, LoadSpec(50, max_in_flight=10)), on_warmed_up=fail)
+    assert [p.name for p in multiprocessing.active_children() if p.name.startswith("waltz-perf-client")] == []
+
+
+def test_consumer_text_labels_both_timers(perf_cluster: LocalCluster) -> None:
+    lines = invoke(perf_cluster, "consumer", "-n", "100").output.splitlines()
+    assert lines[1].startswith("read 100 transactions (0 failed)"), lines
+    assert lines[1].endswith(" s (first apply -> last apply)"), lines
+    assert any(line.startswith("transactions/s (first apply -> last apply): ") for line in lines), lines
+    assert any(line.startswith("from the reader's mount to its last apply: ") for line in lines), lines
+
+
 def test_consumer_live_measures_submit_to_read(perf_cluster: LocalCluster) -> None:
-    result = invoke(perf_cluster, "consumer", "-n", "200", "--live", "--json")
-    consumer = json.loads(result.output)["consumer"]
-    assert consumer["transactions"] == 200 + WARMUP_TRANSACTIONS
-    assert_latency_shape(consumer["latency_ms"], 200 + WARMUP_TRANSACTIONS)
+    # two producer processes: the reader mounts once both have warmed up, before either measures
+    result = invoke(perf_cluster, "consumer", "-n", "200", "--producers", "2", "--live", "--json")
+    report = json.loads(result.output)
+    consumer = report["consumer"]
+    assert (report["producers"]["transactions"], consumer["transactions"]) == (200, 200)
+    assert_latency_shape(consumer["latency_ms"], 200)
+    assert consumer["seconds_from_mount"] >= consumer["seconds"] > 0
     assert consumer["cpu_us_per_transaction"] == {}  # reader and producer share the process
 
 

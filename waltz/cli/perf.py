@@ -210,7 +210,7 @@ def consumer(
             json.dumps(
                 {
                     "mode": mode.value,
-                    "consumer": report.consumer.summary(),
+                    "consumer": report.summary(),
                     "producers": report.producers.summary(),
                 }
             )
@@ -220,7 +220,7 @@ def consumer(
         f"consumer ({mode.value}): {transactions:,} transactions of {size} B written by {producers} "
         f"producer(s); {describe_target(local, storages, servers, partitions, client_config.cluster_root)}"
     )
-    typer.echo(report.consumer.text("read", "submit->read"))
+    typer.echo(report.text())
     typer.echo(f"(producers: {report.producers.transactions_per_second:,.1f} transactions/s)")
 
 

@@ -1,24 +1,32 @@
 """``waltz perf consumer``: how fast a client reads the log, like upstream Waltz's ConsumerPerf.
 
-Producers first write ``transactions`` transactions (no locks, closed loop); then a fresh
-client mounts the active partitions from the high-water marks they had before, applies every new
+Producers first write ``transactions`` transactions (no locks, closed loop); a fresh client
+mounts the active partitions from the high-water marks they had once the producers' warm-up
+transactions committed (so it reads the measured transactions alone), applies every new
 transaction and reads its data (``prefetch_transaction_data``: each apply batch's data is fetched
 at once). Two modes:
 
-- ``catch-up`` (upstream's): the consumer starts after the producers ended; the figures are its
-  read throughput from its first to its last apply (as upstream's timer). No latency is recorded.
-- ``live``: the consumer is mounted before the producers start; throughput runs from its first
-  to its last apply, and the latency is from each transaction's submit (stamped in its payload,
-  ``time.time()`` on this machine) to its apply by the consumer.
+- ``catch-up`` (upstream's): the consumer starts after the producers ended. No latency is
+  recorded.
+- ``live``: the consumer is mounted after the producers' warm-up, before their measured phase;
+  the latency is from each transaction's submit (stamped in its payload, ``time.time()`` on this
+  machine) to its apply by the consumer.
+
+Two timers (docs/benchmarks.md "`waltz perf producer` and `waltz perf consumer`"): the
+consumer's stats span its first to its last apply (upstream ConsumerPerf's timer, which leaves
+out the mount and the first fetch and so overstates a short run's throughput), and
+:attr:`ConsumerReport.seconds_from_mount` spans the start of the reader's mount to its last apply.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from waltz.client import Transaction, WaltzClient, WaltzClientConfig
 from waltz.errors import WaltzTimeoutError
@@ -69,10 +77,50 @@ class ConsumerSettings:
 
 @dataclass(slots=True)
 class ConsumerReport:
-    """The figures of a consumer run: the consumer's, and the producers' (for reference)."""
+    """The figures of a consumer run: the consumer's, and the producers' (for reference).
+
+    Attributes:
+        consumer: what the reader applied: the measured transactions (not the producers'
+            warm-up), from its first to its last apply (upstream ConsumerPerf's timer).
+        producers: the producers' merged stats.
+        mount_started: wall-clock time (``time.time()``, seconds) when the reader began to mount.
+    """
 
     consumer: RunStats
     producers: RunStats
+    mount_started: float = 0.0
+
+    @property
+    def seconds_from_mount(self) -> float:
+        """Seconds from the start of the reader's mount to its last apply (0.0: it applied none)."""
+        if not self.consumer.committed:
+            return 0.0
+        return max(1e-6, self.consumer.ended - self.mount_started)
+
+    @property
+    def transactions_per_second_from_mount(self) -> float:
+        """Applied transactions per second over :attr:`seconds_from_mount` (0.0: none applied)."""
+        seconds = self.seconds_from_mount
+        return self.consumer.committed / seconds if seconds else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The consumer's :meth:`RunStats.summary` (its ``seconds`` from the first apply), plus
+        ``seconds_from_mount`` and ``transactions_per_second_from_mount``."""
+        summary = self.consumer.summary()
+        summary["seconds_from_mount"] = round(self.seconds_from_mount, 3)
+        summary["transactions_per_second_from_mount"] = round(self.transactions_per_second_from_mount, 1)
+        return summary
+
+    def text(self) -> str:
+        """The lines the CLI prints for the consumer: its figures, both timers labelled."""
+        span = "first apply -> last apply"
+        lines = self.consumer.text("read", "submit->read", span).splitlines()
+        lines.insert(
+            3,
+            f"from the reader's mount to its last apply: {self.seconds_from_mount:.2f} s, "
+            f"transactions/s: {self.transactions_per_second_from_mount:,.1f}",
+        )
+        return "\n".join(lines)
 
 
 class _ConsumerCallbacks(PerfCallbacks):
@@ -139,8 +187,8 @@ def run_consumer(
     including what feeding the reader cost.
 
     Returns:
-        The consumer's stats (transactions applied and bytes read; latency in live mode) and the
-        producers' stats.
+        The consumer's stats (the measured transactions applied and their bytes; latency in live
+        mode), the producers' stats, and when the reader began to mount.
 
     Raises:
         WaltzError: the cluster could not be reached.
@@ -167,31 +215,76 @@ def run_consumer(
         active,
     )
     live = settings.mode is ConsumerMode.LIVE
-    callbacks = _ConsumerCallbacks(start_marks, partitions, live)
-    reader_config = config.model_copy(update={"client_auto_mount": False})
+    reader = _Reader(config, partitions, live)
+    warmed_up: dict[int, int] = {}  # the marks once the producers' warm-up committed
 
-    def read(targets: Mapping[int, int]) -> None:
-        if not callbacks.wait_for(targets, settings.timeout):
+    def on_warmed_up() -> None:
+        warmed_up.update(current_high_water_marks(config))
+        if live:
+            reader.mount(warmed_up, MOUNT_TIMEOUT)
+
+    with reader:
+        produced = run_producer(config, producer_settings, metrics_urls, metrics_tls, on_warmed_up)
+        targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
+        if live:
+            reader.read(targets, settings.timeout)
+        else:
+            cpu_started = time.process_time()
+            with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
+                reader.mount(warmed_up, None)
+                reader.read(targets, settings.timeout)
+                reader.close()
+                reader.stats.client_cpu_seconds = time.process_time() - cpu_started
+            reader.stats.node_cpu_seconds = usage.cpu_seconds
+    return ConsumerReport(reader.stats, produced, reader.mount_started)
+
+
+class _Reader:
+    """The consuming client: mounted from given marks, read up to targets, closed (idempotent)."""
+
+    def __init__(self, config: WaltzClientConfig, partitions: Sequence[int], live: bool) -> None:
+        self._config = config.model_copy(update={"client_auto_mount": False})
+        self._partitions = list(partitions)
+        self._live = live
+        self._callbacks: _ConsumerCallbacks | None = None
+        self._stack = contextlib.ExitStack()
+        self.mount_started = 0.0
+
+    @property
+    def stats(self) -> RunStats:
+        """What the reader applied (empty before :meth:`mount`)."""
+        return self._callbacks.stats if self._callbacks is not None else RunStats()
+
+    def mount(self, marks: Mapping[int, int], timeout: float | None) -> None:
+        """Start the reader from ``marks`` (partition -> high-water mark); with ``timeout``, wait
+        that many seconds at most for its partitions to mount."""
+        self._callbacks = _ConsumerCallbacks(marks, self._partitions, self._live)
+        self.mount_started = time.time()
+        client = self._stack.enter_context(WaltzClient(self._callbacks, self._config))
+        client.set_partitions(self._partitions)
+        if timeout is not None:
+            client.wait_mounted(timeout, self._partitions)
+
+    def read(self, targets: Mapping[int, int], timeout: float) -> None:
+        """Wait until every partition is applied up to its target.
+
+        Raises:
+            WaltzTimeoutError: not within ``timeout`` seconds (or never mounted).
+        """
+        callbacks = self._callbacks
+        if callbacks is None or not callbacks.wait_for(targets, timeout):
+            applied = 0 if callbacks is None else callbacks.stats.committed
             raise WaltzTimeoutError(
-                f"the consumer did not read up to {dict(targets)} within {settings.timeout:g}s "
-                f"(it applied {callbacks.stats.committed:,} transactions)"
+                f"the consumer did not read up to {dict(targets)} within {timeout:g}s "
+                f"(it applied {applied:,} transactions)"
             )
 
-    if live:
-        with WaltzClient(callbacks, reader_config) as reader:
-            reader.set_partitions(partitions)
-            reader.wait_mounted(MOUNT_TIMEOUT, partitions)
-            produced = run_producer(config, producer_settings, metrics_urls, metrics_tls)
-            targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
-            read(targets)
-    else:
-        produced = run_producer(config, producer_settings, metrics_urls, metrics_tls)
-        targets = {p: m for p, m in current_high_water_marks(config).items() if p in partitions}
-        cpu_started = time.process_time()
-        with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
-            with WaltzClient(callbacks, reader_config) as reader:
-                reader.set_partitions(partitions)
-                read(targets)
-            callbacks.stats.client_cpu_seconds = time.process_time() - cpu_started
-        callbacks.stats.node_cpu_seconds = usage.cpu_seconds
-    return ConsumerReport(callbacks.stats, produced)
+    def close(self) -> None:
+        """Close the reader's client (nothing when closed or never mounted)."""
+        self._stack.close()
+
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -12,12 +12,16 @@ partition, kept in memory by :class:`PerfCallbacks`; a lock failure makes the cl
 
 Every client first mounts, starting from the partitions' current high-water marks (so a long
 existing log is not replayed), submits a few warm-up transactions, and then waits for the other
-clients (a barrier) before the measured phase.
+clients (a barrier) before the measured phase. Between the two, once every client has warmed up,
+``run_producer`` may call back in the calling process (``on_warmed_up``: ``waltz perf consumer``
+mounts its reader after the warm-up transactions there).
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -52,12 +56,16 @@ __all__ = [
     "waltz_submitter",
 ]
 
+_LOG = logging.getLogger(__name__)
+
 #: The name of the perf tool's write locks.
 LOCK_NAME = "perf"
 #: Warm-up transactions per client before the measured phase (not counted).
 WARMUP_TRANSACTIONS = 20
 #: Seconds a client may take to mount its partitions.
 MOUNT_TIMEOUT = 60.0
+#: Seconds the clients wait, warmed up, for ``run_producer``'s ``on_warmed_up`` to return.
+WARMED_UP_TIMEOUT = 2 * MOUNT_TIMEOUT
 #: The stages of a transaction's latency that the producer reports (``RunStats.client_stages``), by
 #: the client metric that times them (``waltz/client/metrics.py``): from ``submit`` to the end of
 #: the first attempt's ``execute`` (lock and read-your-writes waits included); from the end of an
@@ -270,9 +278,12 @@ def _run_client(
     settings: ProducerSettings,
     start_marks: Mapping[int, int],
     index: int,
-    barrier: Any,
+    barriers: tuple[Any, Any] | None,
+    on_warmed_up: Callable[[], None] | None = None,
 ) -> RunStats:
-    """Mount, warm up, wait at the barrier, then run one client's load."""
+    """Mount, warm up, wait at the barriers (``(warmed_up, go)``, shared with the other clients and
+    the parent; None: the only client, which calls ``on_warmed_up`` itself), then run one client's
+    load."""
     with WaltzClient(PerfCallbacks(start_marks), config) as client:
         active = settings.active_partitions or client.num_partitions
         if active > client.num_partitions:
@@ -291,8 +302,12 @@ def _run_client(
             seed=seed,
         )
         run_load(submit, warmup)
-        if barrier is not None:
-            barrier.wait(MOUNT_TIMEOUT)
+        if barriers is not None:
+            warmed_up, go = barriers
+            warmed_up.wait(MOUNT_TIMEOUT)
+            go.wait(WARMED_UP_TIMEOUT)
+        elif on_warmed_up is not None:
+            on_warmed_up()
         load = LoadSpec(
             settings.load.transactions,
             settings.load.payload_size,
@@ -319,14 +334,14 @@ def _client_process(
     settings: ProducerSettings,
     start_marks: dict[int, int],
     index: int,
-    barrier: Any,
+    barriers: tuple[Any, Any],
     results: Any,
 ) -> None:
     try:
-        stats = _run_client(WaltzClientConfig(**config), settings, start_marks, index, barrier)
+        stats = _run_client(WaltzClientConfig(**config), settings, start_marks, index, barriers)
         results.put((index, stats.to_wire(), None))
     except BaseException as exc:
-        if barrier is not None:
+        for barrier in barriers:
             barrier.abort()
         results.put((index, None, f"{type(exc).__name__}: {exc}"))
 
@@ -336,6 +351,7 @@ def run_producer(
     settings: ProducerSettings,
     metrics_urls: Mapping[str, str] | None = None,
     metrics_tls: TlsConfig | None = None,
+    on_warmed_up: Callable[[], None] | None = None,
 ) -> RunStats:
     """Run the producer clients against a cluster and merge their stats.
 
@@ -352,6 +368,10 @@ def run_producer(
             (``RunStats.server_commits``) and records per store batch
             (``RunStats.server_batches``); None or empty: the client's CPU alone.
         metrics_tls: the client TLS files that read ``https`` metrics URLs (an operator's), or None.
+        on_warmed_up: called in this process once every client has mounted and its warm-up
+            transactions have committed, before any client starts its measured phase (they wait
+            for it, at most ``WARMED_UP_TIMEOUT`` seconds); what it raises ends the run and is
+            raised here. None: the clients go on at once.
 
     Returns:
         The merged stats of the measured phase (warm-up excluded); throughput is the committed
@@ -367,7 +387,7 @@ def run_producer(
     if config.client_max_concurrent_transactions < settings.load.max_in_flight:
         config = config.model_copy(update={"client_max_concurrent_transactions": settings.load.max_in_flight})
     with measure_nodes(metrics_urls or {}, metrics_tls) as usage:
-        stats = _run_clients(config, settings)
+        stats = _run_clients(config, settings, on_warmed_up)
     stats.node_cpu_seconds = usage.cpu_seconds
     stats.storage_batches = usage.storage_batches
     stats.server_commits = usage.server_commits
@@ -375,19 +395,22 @@ def run_producer(
     return stats
 
 
-def _run_clients(config: WaltzClientConfig, settings: ProducerSettings) -> RunStats:
+def _run_clients(
+    config: WaltzClientConfig, settings: ProducerSettings, on_warmed_up: Callable[[], None] | None
+) -> RunStats:
     start_marks = current_high_water_marks(config)
     if settings.active_partitions is None:  # all partitions, known now (given ones: by the settings)
         check_lock_pool(settings.load.lock_pool_size, len(start_marks))
     if settings.clients == 1:
-        return _run_client(config, settings, start_marks, 0, None)
+        return _run_client(config, settings, start_marks, 0, None, on_warmed_up)
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(settings.clients)
+    # The clients and this process: all warmed up, then (after on_warmed_up) all go.
+    barriers = (context.Barrier(settings.clients + 1), context.Barrier(settings.clients + 1))
     results = context.Queue()
     processes = [
         context.Process(
             target=_client_process,
-            args=(config.model_dump(), settings, start_marks, i, barrier, results),
+            args=(config.model_dump(), settings, start_marks, i, barriers, results),
             name=f"waltz-perf-client-{i}",
             daemon=True,
         )
@@ -395,7 +418,25 @@ def _run_clients(config: WaltzClientConfig, settings: ProducerSettings) -> RunSt
     ]
     for process in processes:
         process.start()
-    return _collect(processes, results, settings.load.timeout + 2 * MOUNT_TIMEOUT + 30)
+    timeout = settings.load.timeout + 2 * MOUNT_TIMEOUT + WARMED_UP_TIMEOUT + 30
+    warmed_up, go = barriers
+    try:
+        warmed_up.wait(settings.load.timeout + MOUNT_TIMEOUT + 30)
+        if on_warmed_up is not None:
+            on_warmed_up()
+        go.wait(MOUNT_TIMEOUT)
+    except threading.BrokenBarrierError:
+        pass  # a client failed (or timed out) and aborted the barriers: _collect names it
+    except BaseException:
+        for barrier in barriers:
+            barrier.abort()
+        try:
+            _collect(processes, results, MOUNT_TIMEOUT)
+        except RuntimeError as failed:
+            # The clients failed because this process did: its error is the one to raise.
+            _LOG.warning("perf clients stopped after on_warmed_up failed: %s", failed)
+        raise
+    return _collect(processes, results, timeout)
 
 
 def _collect(processes: Sequence[Any], results: Any, timeout: float) -> RunStats:

@@ -368,24 +368,28 @@ class RunStats:
             "errors": list(self.errors),
         }
 
-    def text(self, what: str = "committed", latency_label: str = "submit->commit") -> str:
+    def text(
+        self, what: str = "committed", latency_label: str = "submit->commit", span: str | None = None
+    ) -> str:
         """The figures as the lines the CLI prints (upstream ProducerPerf's, plus percentiles).
 
         The first line says how many of the submitted transactions committed and failed (the
         submitted count left out when none were, as for a consumer); a second says how many were
-        not submitted before the timeout, when any.
+        not submitted before the timeout, when any. ``span``, when given, names what the seconds
+        run from and to, in brackets after them and after ``transactions/s`` and ``MB/s``.
         """
         mb = self.payload_bytes / _BYTES_PER_MB
         of = f" of {self.submitted:,} submitted" if self.submitted else ""
+        over = f" ({span})" if span else ""
         lines = [
             f"{what} {self.committed:,} transactions ({self.failed:,} failed){of}, {mb:.4f} MB, "
-            f"in {self.seconds:.2f} s",
+            f"in {self.seconds:.2f} s{over}",
         ]
         if self.not_submitted:
             lines.append(f"not submitted before the timeout: {self.not_submitted:,} transactions")
         lines += [
-            f"transactions/s: {self.transactions_per_second:,.1f}",
-            f"MB/s: {self.megabytes_per_second:.4f}",
+            f"transactions/s{over}: {self.transactions_per_second:,.1f}",
+            f"MB/s{over}: {self.megabytes_per_second:.4f}",
             f"retries/transaction: {self.retries_per_transaction:.4f}",
         ]
         lines.append(self.latency.text(latency_label))
