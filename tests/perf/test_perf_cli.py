@@ -311,6 +311,19 @@ def test_bad_target_options_exit_2(perf_cluster: LocalCluster) -> None:
     assert "exceeds the cluster's 2 partitions" in too_many.output
 
 
+@pytest.mark.parametrize("command", ["producer", "consumer", "smallbank", "inventory"])
+def test_local_cluster_options_are_refused_without_local(command: str) -> None:
+    # refused before anything is reached: no ZooKeeper listens on port 1
+    target = ["--zookeeper", "127.0.0.1:1", "--root", "/x"]
+    runner = CliRunner()
+    for given in (["--partitions", "4"], ["--storages", "5", "--servers", "2"]):
+        result = runner.invoke(app, ["perf", command, "-n", "1", *given, *target])
+        assert result.exit_code == 2, result.output
+        flags = "/".join(flag for flag in given if flag.startswith("--"))
+        verb = "are" if "/" in flags else "is"
+        assert f"{flags} {verb} for the cluster --local starts: drop " in result.output, result.output
+
+
 # --- the load generator on its own -----------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ from waltz.cli.options import (
 )
 from waltz.cli.output import fail
 from waltz.cli.perf_inventory import inventory
-from waltz.cli.perf_target import describe_target, perf_target, run_application_perf
+from waltz.cli.perf_target import describe_target, local_options_given, perf_target, run_application_perf
 from waltz.errors import ConfigurationError
 from waltz.logs import configure_logging
 from waltz.workloads.application import DEFAULT_APPLICATION
@@ -70,6 +70,7 @@ def _logging() -> None:
 
 
 def producer(
+    ctx: typer.Context,
     clients: Annotated[int, typer.Option("--clients", "-t", min=1, help="Client processes.")] = 1,
     transactions: Annotated[
         int, typer.Option("--transactions", "-n", min=0, help="Transactions per client.")
@@ -137,7 +138,9 @@ def producer(
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
-    with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+    with perf_target(
+        local, storages, servers, partitions, config, zookeeper, root, secure, local_options_given(ctx)
+    ) as target:
         client_config = target.config
         try:
             stats = run_producer(client_config, settings, target.metrics_urls, target.metrics_tls)
@@ -164,6 +167,7 @@ def producer(
 
 
 def consumer(
+    ctx: typer.Context,
     transactions: Annotated[
         int, typer.Option("--transactions", "-n", min=1, help="Transactions to write, then read.")
     ] = 10_000,
@@ -199,7 +203,9 @@ def consumer(
 
     mode = ConsumerMode.LIVE if live else ConsumerMode.CATCH_UP
     settings = ConsumerSettings(transactions, size, producers, in_flight, active_partitions, mode, timeout)
-    with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+    with perf_target(
+        local, storages, servers, partitions, config, zookeeper, root, secure, local_options_given(ctx)
+    ) as target:
         client_config = target.config
         try:
             report = run_consumer(client_config, settings, target.metrics_urls, target.metrics_tls)
@@ -225,6 +231,7 @@ def consumer(
 
 
 def smallbank(
+    ctx: typer.Context,
     instances: Annotated[
         int, typer.Option(min=1, help="Ledger instances, each in a process of its own.")
     ] = 3,
@@ -415,6 +422,7 @@ def smallbank(
         root=root,
         secure=secure,
         as_json=as_json,
+        local_options=local_options_given(ctx),
     )
 
 

@@ -28,7 +28,7 @@ from waltz.cli.options import (
     ZookeeperOption,
 )
 from waltz.cli.output import fail
-from waltz.cli.perf_target import run_application_perf
+from waltz.cli.perf_target import local_options_given, run_application_perf
 from waltz.errors import ConfigurationError
 from waltz.workloads.inventory import DEFAULT_INVENTORY_APPLICATION
 
@@ -39,6 +39,7 @@ DEFAULT_INVENTORY_PARTITIONS = 4
 
 
 def inventory(
+    ctx: typer.Context,
     instances: Annotated[
         int, typer.Option(min=1, help="Inventory instances, each in a process of its own.")
     ] = 2,
@@ -195,4 +196,5 @@ def inventory(
         root=root,
         secure=secure,
         as_json=as_json,
+        local_options=local_options_given(ctx),
     )

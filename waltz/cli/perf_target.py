@@ -10,7 +10,7 @@ started).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,35 @@ import typer
 from waltz.cli.output import fail
 from waltz.errors import ConfigurationError, WaltzError, WaltzTimeoutError
 
-__all__ = ["describe_target", "perf_target", "run_application_perf"]
+__all__ = ["describe_target", "local_options_given", "perf_target", "run_application_perf"]
+
+#: The options that shape the cluster ``--local`` starts, by parameter name.
+LOCAL_CLUSTER_OPTIONS = {"storages": "--storages", "servers": "--servers", "partitions": "--partitions"}
+
+
+def local_options_given(context: typer.Context) -> tuple[str, ...]:
+    """The options of :data:`LOCAL_CLUSTER_OPTIONS` that the command's user gave (on the command
+    line or by an environment variable), not left at their defaults, e.g. ``("--partitions",)``.
+    """
+    given = []
+    for name, flag in LOCAL_CLUSTER_OPTIONS.items():
+        source = context.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.append(flag)
+    return tuple(given)
+
+
+def _refuse_local_options_without_local(local: bool, given: Sequence[str]) -> None:
+    """Refuse ``--storages``/``--servers``/``--partitions`` without ``--local``, which alone reads
+    them (docs/benchmarks.md "`waltz perf producer` and `waltz perf consumer`").
+
+    Raises:
+        typer.Exit: 2, naming the options given, when ``local`` is False and ``given`` is not empty.
+    """
+    if given and not local:
+        options = "/".join(given)
+        are, them = ("are", "them") if len(given) > 1 else ("is", "it")
+        raise fail(f"{options} {are} for the cluster --local starts: drop {them}, or add --local", 2)
 
 
 @contextmanager
@@ -33,19 +61,26 @@ def perf_target(
     zk: str | None,
     root: str | None,
     secure: bool = True,
+    local_options: Sequence[str] = (),
 ) -> Iterator[Any]:
     """Start a local cluster (``local``) or reach an existing one; yield the target (its client
     ``config``, ``metrics_urls``, ``metrics_tls``), and stop what was started on exit.
 
+    ``local_options`` are the local-cluster options the user gave (:func:`local_options_given`),
+    refused without ``local``.
+
     Raises:
-        typer.Exit: 2 for conflicting options, a bad configuration or a cluster that could not be
-            reached or started; 1 for a timeout or a run that failed (a ``RuntimeError``).
+        typer.Exit: 2 for conflicting options (``--storages``/``--servers``/``--partitions`` or
+            ``--insecure`` without ``local``, ``--zookeeper``/``--root`` with it), a bad
+            configuration or a cluster that could not be reached or started; 1 for a timeout or
+            a run that failed (a ``RuntimeError``).
     """
     from waltz.local.processes import ServiceStartError
     from waltz.perf.target import LocalClusterSpec, perf_cluster
 
     if local and (zk or root):
         raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    _refuse_local_options_without_local(local, local_options)
     if not secure and not local:
         raise fail("--insecure is for the cluster --local starts: drop it, or add --local", 2)
     spec = LocalClusterSpec(storages, servers, partitions, secure=secure) if local else None
@@ -90,12 +125,14 @@ def run_application_perf(
     root: str | None,
     secure: bool,
     as_json: bool,
+    local_options: Sequence[str] = (),
 ) -> None:
     """The body of an application run of ``waltz perf`` (``smallbank``, ``inventory``): check the
     database (a temporary SQLite one when ``db`` is None), reach or start the cluster, call
     ``run(client_config, settings, db_url, metrics_urls=, metrics_tls=, say=)``, and print its
     report (``summary()`` as JSON, or ``text()`` after a line naming ``name``, the settings, the
-    database and the cluster).
+    database and the cluster). ``local_options`` are the local-cluster options the user gave
+    (:func:`local_options_given`), refused without ``local``.
 
     Raises:
         typer.Exit: 2 for conflicting options or an unusable database (and as :func:`perf_target`);
@@ -110,6 +147,7 @@ def run_application_perf(
 
     if local and (zookeeper or root):
         raise fail("--local starts its own cluster: drop --zookeeper/--root", 2)
+    _refuse_local_options_without_local(local, local_options)
     if local and settings.partition_routing:
         # Known from the options: refused before a cluster starts, as a run refuses it later.
         refusal = routing_refusal(settings.instances, partitions)
@@ -121,7 +159,9 @@ def run_application_perf(
             check_database(application, db_url, new_log=local, cluster_name=settings.cluster_name)
         except UnusableDatabaseError as exc:
             raise fail(str(exc), 2) from exc
-        with perf_target(local, storages, servers, partitions, config, zookeeper, root, secure) as target:
+        with perf_target(
+            local, storages, servers, partitions, config, zookeeper, root, secure, local_options
+        ) as target:
             client_config = target.config
             try:
                 report = run(
