@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,10 @@ import pytest
 import support
 from typer.testing import CliRunner, Result
 
-from waltz.archive.layout import chunk_name
+from waltz.archive.layout import ArchiveFiles, chunk_name
+from waltz.archive.manifests import PartitionManifest, read_partition_manifest
+from waltz.archive.replicas import tell_replicas
+from waltz.archive.summary import entry_of
 from waltz.cli.main import app
 from waltz.local.cluster import LocalCluster
 from waltz.metadata.zk import ClusterZk
@@ -279,6 +283,51 @@ def test_verify_names_the_file_and_range_and_hold_lowers_archived_through(
         for line in status["partitions"]
     }
     assert told == {0: {99}, 1: {RECORDS - 1}}, told
+
+
+def _crashed_before_zookeeper(cluster: LocalCluster, zk: ClusterZk, location: Path) -> None:
+    """Partition 0 as a crash between a manifest's write and ZooKeeper's raise leaves it: the
+    manifest (3 chunks, through 249) ahead of ZooKeeper and the replicas (its first chunk, 99)."""
+    manifest = read_partition_manifest(ArchiveFiles.open(str(location)), 0)
+    behind = PartitionManifest(0, manifest.chunks[:1])
+    summary = zk.archive_summary()
+    assert summary is not None
+    zk.set_archive_summary(summary.value.with_partition(0, entry_of(behind)), summary.version)
+    told = tell_replicas(zk, zk.params(), 0, behind.archived_through, str(location))
+    assert set(told.values()) == {"told"}, told
+
+
+def _replicas_told(cluster: LocalCluster) -> dict[int, set[int]]:
+    status = json.loads(waltz(cluster, "status", "--json").stdout)
+    lines = status["partitions"]
+    return {line["partition_id"]: {r["archived_through"] for r in line["replicas"]} for line in lines}
+
+
+def test_hold_never_raises_what_the_replicas_are_told_above_zookeeper(
+    cluster: LocalCluster, zk: ClusterZk, tmp_path: Path
+) -> None:
+    """--hold only lowers: a manifest ahead of ZooKeeper (a crash before ZooKeeper was raised, or
+    a copy ahead of the archive) must not tell the replicas more than ZooKeeper says is archived,
+    or retention deletes records no archive holds (docs/design/archive.md, "The archiver")."""
+    location = tmp_path / "archive"
+    archived(cluster, location)
+    _crashed_before_zookeeper(cluster, zk, location)
+    path = location / "partition_id=0" / chunk_name(200, RECORDS - 1)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    path.write_bytes(bytes(data))  # the last chunk damaged: the good chunks reach 199
+    copy = tmp_path / "copy"
+    shutil.copytree(location, copy)
+    # A copy is not what the cluster archives to: holding it is refused, nothing changed.
+    refused = waltz(cluster, "verify", "--archive", str(copy), "--hold", expect=2)
+    assert f"ZooKeeper names the archive {location}, not {copy}" in refused.output, refused.output
+    assert zookeeper_through(zk, 0) == 99 and _replicas_told(cluster)[0] == {99}
+    # The archive ZooKeeper names: held at ZooKeeper's 99, not the good chunks' 199.
+    held = waltz(cluster, "verify", "--hold", expect=1)
+    assert "held: partition 0 is archived through 99 in ZooKeeper and on its replicas" in held.output
+    assert zookeeper_through(zk, 0) == 99 and _replicas_told(cluster) == {0: {99}, 1: {RECORDS - 1}}
+    report = json.loads(waltz(cluster, "verify", "--hold", "--json", expect=1).stdout)
+    assert report["partitions"][0]["held_to"] == 99 and report["partitions"][0]["good_through"] == 199
 
 
 def test_a_newer_form_asks_for_an_upgrade(cluster: LocalCluster, zk: ClusterZk, tmp_path: Path) -> None:

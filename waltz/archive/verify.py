@@ -6,7 +6,8 @@ contiguous IDs, each record's data against its checksum, ``data_crc``); each man
 for contiguity; each partition's manifest against its entry in ``<root>/archive``. A problem is
 named by its file and range. With ``hold``, a partition with a problem has its archived-through
 lowered, in ZooKeeper and on its replicas, to the end of its last good chunk (the chunks from the
-first one to the first problem), so that no storage node deletes what the archive cannot give back.
+first one to the first problem), so that no storage node deletes what the archive cannot give back;
+never above ZooKeeper's archived-through, and only on the archive ZooKeeper names.
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from waltz.archive.chunks import read_chunk
-from waltz.archive.errors import ArchiveCheckError, ArchiveError, ArchiveFormError, ArchiveFormTooNewError
+from waltz.archive.errors import (
+    ArchiveCheckError,
+    ArchiveError,
+    ArchiveFormError,
+    ArchiveFormTooNewError,
+    ArchiveRefusedError,
+)
 from waltz.archive.layout import (
     ARCHIVE_MANIFEST,
     PARTITION_MANIFEST,
@@ -31,7 +38,14 @@ from waltz.metadata.values import ArchivedPartition, ArchiveSummary, ClusterPara
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
 
-__all__ = ["PartitionCheck", "Problem", "VerifyReport", "hold_archived_through", "verify_archive"]
+__all__ = [
+    "PartitionCheck",
+    "Problem",
+    "VerifyReport",
+    "check_holdable",
+    "hold_archived_through",
+    "verify_archive",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +95,8 @@ class PartitionCheck:
         problems: what is wrong, in the order found.
         notes: what is not wrong but worth saying (ZooKeeper behind the manifest, files no
             manifest lists).
-        held_to: the archived-through ``--hold`` set (None: not held).
+        held_to: the archived-through ``--hold`` set and told the replicas: the lower of
+            ``good_through`` and ZooKeeper's (None: not held).
         hold_untold: replicas (storage connect string -> why) ``--hold`` could not tell: they may
             still delete segments up to what they were told before.
         local_starts: ``--hold``: each answering replica's local start (storage connect string ->
@@ -302,6 +317,27 @@ def _against_zookeeper(
         )
 
 
+def check_holdable(summary: ArchiveSummary | None, files: ArchiveFiles) -> None:
+    """Refuse ``--hold`` of a location that is not the archive ZooKeeper names, such as a copy
+    (docs/design/archive.md, "The archiver": the hold protects the archive the cluster archives to).
+
+    Args:
+        summary: ``<root>/archive`` (None: the cluster has none; then any location may be held,
+            and the hold tells the replicas -1, nothing archived).
+        files: the archive verified.
+
+    Raises:
+        ArchiveRefusedError: ZooKeeper names another location (the message names both).
+    """
+    if summary is not None and summary.location != files.location:
+        raise ArchiveRefusedError(
+            f"ZooKeeper names the archive {summary.location}, not {files.location}: --hold lowers what "
+            "the replicas may delete to what the cluster's own archive holds, and a copy does not say "
+            f"that; verify {files.location} without --hold, or hold {summary.location} (waltz archive "
+            "verify --hold without --archive)"
+        )
+
+
 def hold_archived_through(
     cluster: ClusterZk,
     params: ClusterParams,
@@ -313,31 +349,52 @@ def hold_archived_through(
     tls: TlsConfig | None = None,
 ) -> None:
     """Lower the archived-through of every partition with a problem to its last good chunk, in
-    ZooKeeper and on its replicas (``waltz archive verify --hold``); sets each ``held_to``, and
+    ZooKeeper and on its replicas (``waltz archive verify --hold``; docs/design/archive.md, "The
+    archiver").
+
+    The hold only lowers: each partition is held at the lower of its last good chunk's end and
+    ZooKeeper's archived-through (-1 where ZooKeeper has none), and its replicas are told that
+    value. A manifest ahead of ZooKeeper (a crash between a manifest's write and ZooKeeper's
+    raise) never raises what the replicas may delete. Sets each ``held_to`` to the value set, and
     ``hold_untold`` to the replicas that were not told (down, or a certificate without the admin
     role).
 
+    Args:
+        cluster: the cluster's znodes.
+        params: the cluster's parameters (the admin open's key and partition count).
+        files: the archive verified: the one ZooKeeper names.
+        report: what :func:`verify_archive` found of it; its damaged partitions are held.
+        operator: who asks, as told to the storage nodes.
+        timeout: seconds for each storage node's admin call.
+        tls: client TLS files for the admin ports.
+
     Raises:
-        ArchiveRefusedError: ZooKeeper names another archive (hold the one it names).
+        ArchiveRefusedError: ZooKeeper names another archive (hold the one it names), checked
+            before anything is changed.
         StaleMetadataError: the summary kept changing.
     """
+    current = cluster.archive_summary()
+    check_holdable(None if current is None else current.value, files)
     for check in report.partitions:
         if not check.problems:
             continue
         good = check.good or PartitionManifest(check.partition_id)
-        if check.zookeeper is not None and check.zookeeper.archived_through > good.archived_through:
+        summary = cluster.archive_summary()
+        recorded = -1 if summary is None else summary.value.of(check.partition_id).archived_through
+        if recorded > good.archived_through:
             record_partition(cluster, files.location, check.partition_id, entry_of(good))
+        held = min(recorded, good.archived_through)
         outcomes = tell_replicas(
             cluster,
             params,
             check.partition_id,
-            good.archived_through,
+            held,
             files.location,
             operator=operator,
             timeout=timeout,
             tls=tls,
         )
-        check.held_to = good.archived_through
+        check.held_to = held
         check.hold_untold = {s: o for s, o in sorted(outcomes.items()) if not was_told(o)}
     _read_local_starts(cluster, params, report, timeout=timeout, tls=tls)
 

@@ -457,9 +457,10 @@ def verify(
         typer.Option(
             "--hold",
             help="For each partition with a problem, lower its archived-through in ZooKeeper and on its "
-            "replicas to its last good chunk, so that no storage node deletes what the archive cannot "
-            "give back. With mutual TLS, telling the replicas needs a certificate of the admin role "
-            "(cluster.ssl.certFile, cluster.ssl.keyFile).",
+            "replicas to its last good chunk (never above ZooKeeper's archived-through), so that no storage "
+            "node deletes what the archive cannot give back; refused (exit 2) when --archive names another "
+            "location than ZooKeeper's, such as a copy. With mutual TLS, telling the replicas needs a "
+            "certificate of the admin role (cluster.ssl.certFile, cluster.ssl.keyFile).",
         ),
     ] = False,
     partition: PartitionsOption = [],  # noqa: B006 (typer reads the default)
@@ -476,7 +477,7 @@ def verify(
     against the partition's entry in ZooKeeper. Each problem is named by its file and range.
     """
     from waltz.archive.errors import ArchiveError
-    from waltz.archive.verify import hold_archived_through, verify_archive
+    from waltz.archive.verify import check_holdable, hold_archived_through, verify_archive
 
     quiet_logging()
     with connected_admin(config, zookeeper, root, timeout) as admin:
@@ -491,6 +492,8 @@ def verify(
         params = admin.cluster.params()
         _require_an_archive(files, archive, params.num_partitions)
         try:
+            if hold:
+                check_holdable(None if summary is None else summary.value, files)
             report = verify_archive(
                 files,
                 None if summary is None else summary.value,
