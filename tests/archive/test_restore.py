@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import support
 from kazoo.client import KazooClient
+from kazoo.security import ACL, Id, Permissions
 from typer.testing import CliRunner, Result
 
 from waltz.admin.storage_nodes import call_admin_on_nodes
@@ -44,6 +45,7 @@ from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer, LocalStorageNode
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_roles import digest_identity
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.storage_client import StorageAdminClient
@@ -379,6 +381,82 @@ def test_nodes_that_refuse_the_certificate_s_role_are_named_so_not_as_not_empty(
                     assert client.exists(zk_root) is None, "nothing written to ZooKeeper"
             else:
                 waltz(*restore, "--storage", storage_spec(node), *where)
+
+
+#: The operator's ZooKeeper credential of the guarded parent below.
+OPERATOR_DIGEST = "restorer:secret-of-the-operator"
+
+
+@contextlib.contextmanager
+def _guarded_parent(connect: str, zk_root: str, *others: ACL) -> Iterator[str]:
+    """``<zk_root>/guarded``, where anyone may read (and delete, for the cleanup) but only the
+    operator's credential, and ``others``, may create: a session without it cannot make a root."""
+    parent = f"{zk_root}/guarded"
+    anyone = ACL(Permissions.READ | Permissions.DELETE, Id("world", "anyone"))
+    operator = ACL(Permissions.ALL, Id("digest", digest_identity(OPERATOR_DIGEST)))
+    with _zk(connect) as client:
+        client.ensure_path(zk_root)
+        client.create(parent, b"", acl=[anyone, operator, *others])
+    try:
+        yield parent
+    finally:  # what the restore made carries the operator's ACL: zk_root's cleaner cannot delete it
+        client = KazooClient(hosts=connect, auth_data=[("digest", OPERATOR_DIGEST)])
+        client.start(timeout=10)
+        try:
+            client.delete(parent, recursive=True)
+        finally:
+            client.stop()
+            client.close()
+
+
+@pytest.mark.parametrize("caught", ["before the storage nodes", "after the storage nodes took the key"])
+def test_a_restore_zookeeper_refuses_leaves_nothing_a_retry_trips_on(
+    zookeeper: Any,
+    zk_root: str,
+    synthetic_archive: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caught: str,
+) -> None:
+    """A restore without the operator's ZooKeeper credential where the root's parent needs it:
+    refused before any storage node takes a key when the parent's ACL says so; when only ZooKeeper
+    can tell (an ACL of the ip scheme), the key the nodes took is kept in a file as for any refusal
+    after they took it. Either way archive.json is unchanged, and the restore with the credential
+    (and that key) goes through (docs/design/archive.md, "Restoring a cluster from the archive")."""
+    connect = zookeeper.connect_string
+    before = (synthetic_archive / "archive.json").read_bytes()
+    others = [] if caught.startswith("before") else [ACL(Permissions.CREATE, Id("ip", "192.0.2.1"))]
+    digest_file = tmp_path / "operator.digest"
+    digest_file.write_text(OPERATOR_DIGEST + "\n")
+    with storage_nodes(tmp_path / "nodes", 2) as nodes, _guarded_parent(connect, zk_root, *others) as parent:
+        root = f"{parent}/restored"
+        restore = ["archive", "restore", "--from", str(synthetic_archive), "--name", "restored"]
+        restore += [arg for node in nodes for arg in ("--storage", storage_spec(node))]
+        restore += ["--zookeeper", connect, "--root", root]
+        refused = waltz(*restore, expect=None)
+        output = " ".join(refused.output.split())
+        assert "ZooKeeper refused creating" in output, output
+        assert (synthetic_archive / "archive.json").read_bytes() == before, (
+            "no fingerprint of a cluster never made"
+        )
+        kept = re.search(r"--cluster-key-file (\S+),", refused.output)
+        if caught.startswith("before"):
+            assert refused.exit_code == 2, refused.output
+            assert kept is None and "nothing was written" in output, output
+            again: list[str] = []
+        else:
+            assert refused.exit_code == 1, refused.output
+            assert kept is not None, refused.output
+            again = ["--cluster-key-file", kept.group(1)]
+        monkeypatch.setenv("WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE", str(digest_file))
+        done = waltz(*restore, *again)
+        assert "restored: cluster 'restored'" in done.output, done.output
+        manifest = read_archive_manifest(ArchiveFiles.open(str(synthetic_archive)))
+        assert manifest is not None and len(manifest.cluster_key_fingerprints) == 2
+        if kept is not None:
+            key = Path(kept.group(1)).read_text().strip()
+            Path(kept.group(1)).unlink()
+            assert cluster_key_fingerprint(key) in manifest.cluster_key_fingerprints
 
 
 def _run(coroutine: Any) -> Any:

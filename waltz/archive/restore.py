@@ -3,18 +3,21 @@
 Source: docs/design/archive.md "Restoring a cluster from the archive". In order, so that nothing
 is written while anything can still be refused:
 
-1. the arguments are checked against ``archive.json`` (the partition count, the replicas), and the
-   target root must hold no cluster;
+1. the arguments are checked against ``archive.json`` (the partition count, the replicas), the
+   target root must hold no cluster, and the ACLs must let the session create it;
 2. the archive is verified as ``waltz archive verify`` does (every chunk against its manifest); a
    problem refuses the restore, named by file and range; every storage node must answer;
 3. every storage node is opened with the new cluster key (an empty node takes it) and must hold no
    partition: a node of another cluster, or with partitions, refuses the restore;
-4. the new key's fingerprint is added to ``archive.json`` (so that the archiver accepts the new
-   cluster);
-5. ZooKeeper: every znode of the cluster in one transaction, with each partition's replica states
+4. ZooKeeper: every znode of the cluster in one transaction, with each partition's replica states
    closed at the archive's end (``archived_through``) and ``<root>/archive`` naming the archive;
+5. the new key's fingerprint is added to ``archive.json`` (so that the archiver accepts the new
+   cluster), only now that the cluster exists;
 6. each node: its partitions created to start at ``archived_through + 1``, and told their
    archived-through.
+
+A failure once nodes took the key (step 4 or 5) raises :class:`RestoreRefusedError` with the key,
+which a restore again must give.
 
 The first store session's recovery then finds each replica closed at ``archived_through``
 (docs/design/recovery.md, "Cleaning each replica"): it votes it, and the committed high-water
@@ -31,6 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kazoo.exceptions import KazooException
+
 from waltz.admin.cluster_admin import StorageSpec
 from waltz.admin.storage_nodes import (
     DEFAULT_STORAGE_TIMEOUT,
@@ -38,7 +43,7 @@ from waltz.admin.storage_nodes import (
     call_admin_on_nodes,
     probe_tcp,
 )
-from waltz.archive.errors import ArchiveRefusedError
+from waltz.archive.errors import ArchiveError, ArchiveRefusedError
 from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
 from waltz.archive.manifests import (
     PartitionManifest,
@@ -48,7 +53,7 @@ from waltz.archive.manifests import (
 )
 from waltz.archive.summary import entry_of
 from waltz.archive.verify import VerifyReport, verify_archive
-from waltz.errors import ConfigurationError
+from waltz.errors import ConfigurationError, WaltzError
 from waltz.metadata.replicas import spread_replicas
 from waltz.metadata.values import (
     ArchiveSummary,
@@ -60,8 +65,9 @@ from waltz.metadata.values import (
     ReplicaState,
 )
 from waltz.metadata.zk import ClusterZk
+from waltz.metadata.zk_access import ClusterAccess
 from waltz.metadata.zk_roles import RoleCredentials
-from waltz.metadata.zk_session import zookeeper_access
+from waltz.metadata.zk_session import ZooKeeperAuthError, zookeeper_access
 from waltz.protocol.channels import TlsConfig
 from waltz.protocol.event_loop import run_on_shared_loop
 from waltz.protocol.storage_client import StorageAdminClient
@@ -72,9 +78,10 @@ log = logging.getLogger(__name__)
 
 
 class RestoreRefusedError(ArchiveRefusedError):
-    """The restore cannot start: the archive fails verification, the target root holds a cluster, or
-    a storage node is unreachable or not empty. Nothing was written to ZooKeeper (the message says
-    what to do).
+    """The restore cannot start or go on: the archive fails verification, the target root holds a
+    cluster, a storage node is unreachable or not empty, or ZooKeeper (or the archive's location)
+    refused the write after the storage nodes took the new key. The message says what was written,
+    if anything, and what to do (docs/design/archive.md, "Restoring a cluster from the archive").
 
     Attributes:
         cluster_key: the new cluster key when some storage nodes took it before the refusal (a
@@ -196,7 +203,11 @@ def restore_cluster(
     Raises:
         RestoreRefusedError: nothing written: the archive fails verification (each problem named
             by file and range), the root holds a cluster, a node is unreachable, belongs to another
-            cluster or holds partitions.
+            cluster or holds partitions; or, with ``cluster_key`` set, creating the cluster in
+            ZooKeeper failed after the nodes took the key (no cluster znode nor fingerprint
+            written), or adding the fingerprint to ``archive.json`` failed after ZooKeeper was
+            written (the message says to delete the cluster first).
+        ZooKeeperAuthError: the ACLs do not let the session create the root; nothing written.
         ArchiveFormError: ``archive.json`` or a manifest is not one this code reads.
         ConfigurationError: bad arguments (name, storage nodes, replicas).
         LocationError, OSError: the archive's location cannot be read or written.
@@ -226,6 +237,14 @@ def restore_cluster(
             f"{root} exists already and holds znodes ({', '.join(sorted(held))}): a restore makes a new "
             "cluster; give another --root, or delete the old cluster first (waltz cluster delete)"
         )
+    if credentials is not None:
+        cluster.zk.add_auth("digest", credentials.operator)
+    try:
+        ClusterAccess(cluster.zk, cluster.paths).check_root_creatable()
+    except ZooKeeperAuthError as exc:
+        raise ZooKeeperAuthError(
+            f"{exc}; nothing was written to ZooKeeper, the storage nodes or the archive"
+        ) from exc
     say(f"verifying the archive at {files.location} ({top.num_partitions} partitions)")
     report = verify_archive(files, None, top.num_partitions, progress=say)
     if not report.passed:
@@ -237,20 +256,6 @@ def restore_cluster(
     _check_storage_nodes(addresses, params, storage_timeout, tls)
     say(f"storage nodes {', '.join(names)} are empty and took the new cluster key")
 
-    fingerprint = cluster_key_fingerprint(str(params.cluster_key))
-    if fingerprint not in top.cluster_key_fingerprints:
-        write_archive_manifest(
-            files,
-            dataclasses.replace(top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint)),
-        )
-    say(f"added the new cluster key's fingerprint {fingerprint} to {files.name(ARCHIVE_MANIFEST)}")
-    say(
-        "one cluster archives to an archive: if the cluster this archive came from still runs (a "
-        "restore to try the backup), archive the restored one to a copy (copy the location, then "
-        "waltz archive run --relocate --to COPY with the new root); a second cluster's chunks stop "
-        "the other's archiver"
-    )
-
     holders: dict[int, list[str]] = {p: [] for p in range(top.num_partitions)}
     for storage, pids in placement.items():
         for pid in pids:
@@ -261,18 +266,52 @@ def restore_cluster(
         if manifest.archived_through >= 0
     }
     summary = ArchiveSummary(files.location, {pid: entry_of(m) for pid, m in manifests.items()})
-    if credentials is not None:
-        cluster.zk.add_auth("digest", credentials.operator)
-    cluster.create(
-        params,
-        ReplicaAssignments(placement),
-        GroupDescriptor({s.connect_string: s.group for s in storages}),
-        ConnectionMetadata({s.connect_string: s.admin_port for s in storages}),
-        partitions=metadata,
-        archive=summary,
-        roles=credentials.identities() if credentials is not None else None,
-    )
+    try:
+        cluster.create(
+            params,
+            ReplicaAssignments(placement),
+            GroupDescriptor({s.connect_string: s.group for s in storages}),
+            ConnectionMetadata({s.connect_string: s.admin_port for s in storages}),
+            partitions=metadata,
+            archive=summary,
+            roles=credentials.identities() if credentials is not None else None,
+        )
+    except (WaltzError, KazooException) as exc:
+        # The nodes took the key: a restore again must give it (the CLI keeps it in a file).
+        raise RestoreRefusedError(
+            f"creating the cluster under {root} in ZooKeeper failed: {exc}; none of its znodes was "
+            f"written (at most an empty {root}), nor the archive, but storage nodes {', '.join(names)} "
+            "took the new cluster key "
+            f"(fingerprint {cluster_key_fingerprint(str(params.cluster_key))}): fix what ZooKeeper "
+            "says, then restore again with that key",
+            cluster_key=params.cluster_key,
+        ) from exc
     say(f"created the cluster {name!r} under {root}, its archive {files.location}")
+
+    fingerprint = cluster_key_fingerprint(str(params.cluster_key))
+    if fingerprint not in top.cluster_key_fingerprints:
+        try:
+            write_archive_manifest(
+                files,
+                dataclasses.replace(
+                    top, cluster_key_fingerprints=(*top.cluster_key_fingerprints, fingerprint)
+                ),
+            )
+        except (ArchiveError, OSError) as exc:
+            raise RestoreRefusedError(
+                f"the cluster was created under {root}, but adding its key's fingerprint {fingerprint} to "
+                f"{files.name(ARCHIVE_MANIFEST)} failed: {exc}; no partition was created on the storage "
+                f"nodes: delete the cluster (waltz cluster delete -r {root}), make the archive's location "
+                "writable, then restore again with the key",
+                cluster_key=params.cluster_key,
+            ) from exc
+    say(f"added the new cluster key's fingerprint {fingerprint} to {files.name(ARCHIVE_MANIFEST)}")
+    say(
+        "one cluster archives to an archive: if the cluster this archive came from still runs (a "
+        "restore to try the backup), archive the restored one to a copy (copy the location, then "
+        "waltz archive run --relocate --to COPY with the new root); a second cluster's chunks stop "
+        "the other's archiver"
+    )
 
     async def setup(storage: str, admin: StorageAdminClient) -> None:
         for pid in placement[storage]:

@@ -175,6 +175,36 @@ class ClusterAccess:
         except NoNodeError:
             return []
 
+    def check_root_creatable(self) -> None:
+        """Before writing anything else for a new cluster (a restore's storage nodes): refuse when
+        the ACLs show this session may not create the root (docs/design/zookeeper.md, "Security").
+
+        The znode checked is the root when it exists (its children are created), else its nearest
+        existing parent (the root, or a missing parent, is created in it). The session may create
+        there when an entry grants ``CREATE`` to anyone or to one of its digest identities; an
+        entry of another scheme (``ip``, ``x509``, ``sasl``) is left to ZooKeeper to judge, so the
+        create itself may still be refused. Reads only.
+
+        Raises:
+            ZooKeeperAuthError: no entry lets this session create there (the message names the
+                znode and the setting of the credential).
+        """
+        own = session_identities(self.zk)
+        path = self.paths.root
+        with zookeeper_access(self.zk, f"reading {path} and its parents"):
+            while path and self.zk.exists(path) is None:
+                path = path.rsplit("/", 1)[0]
+            acl, _ = self.zk.get_acls(path or "/")
+        for entry in acl:
+            if not entry.perms & Permissions.CREATE:
+                continue
+            scheme = entry.id.scheme
+            if scheme == "world" or scheme not in ("digest", "auth") or entry.id.id in own:
+                return
+        raise auth_error(
+            self.zk, f"creating {self.paths.root} (the ACL of {path or '/'} grants no CREATE to this session)"
+        )
+
     def check_security(self, expected: Role | None = None) -> ClusterRoles | None:
         """Check the root's and its children's ACLs before using the cluster; adopt the role's ACL.
 
