@@ -185,6 +185,30 @@ def test_another_location_is_refused_without_relocate(
     assert "--relocate" in refused.output and str(tmp_path / "a") in refused.output
 
 
+@pytest.mark.parametrize("where", ["under a regular file", "under /proc"])
+def test_a_location_that_cannot_be_written_exits_2_naming_it(
+    cluster: LocalCluster, zk: ClusterZk, tmp_path: Path, where: str
+) -> None:
+    """A --to where no directory can be made (as root, a read-only directory would not refuse) is
+    a location that cannot be opened: exit 2 with a message naming the file and why, no traceback,
+    and nothing recorded in ZooKeeper (docs/operations.md, "Archive"). Under a regular file the
+    read of archive.json already fails; under /proc it reads as missing, and the write fails."""
+    if where == "under /proc":
+        location = Path(f"/proc/waltz-test-{tmp_path.name}/archive")
+        why = "No such file or directory"
+    else:
+        (tmp_path / "afile").write_text("not a directory")
+        location = tmp_path / "afile" / "archive"
+        why = "Not a directory"
+    refused = waltz(cluster, "run", "--to", str(location), "--seal-after", "0", expect=None)
+    assert isinstance(refused.exception, SystemExit), repr(refused.exception)
+    assert refused.exit_code == 2, refused.output
+    said = " ".join(refused.output.split())
+    assert re.search(rf"{re.escape(str(location))}/archive\.json cannot be (read|written): ", said), said
+    assert why in said, said
+    assert zk.archive_summary() is None
+
+
 # --- damage, found by verify and held ------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "ArchiveFormTooNewError",
     "ArchiveRefusedError",
     "ArchiveUnreadableError",
+    "ArchiveUnwritableError",
     "ReplicaMismatchError",
 ]
 
@@ -33,6 +34,14 @@ class ArchiveUnreadableError(ArchiveError):
     """A manifest of the archive exists but cannot be read: the location refused it (its
     permissions, a directory or a file where a directory should be, an I/O error of a disk or an
     object store). The message names the file and the location's reason."""
+
+
+class ArchiveUnwritableError(ArchiveError):
+    """A manifest of the archive cannot be written: the location refused it (a path under a
+    regular file or a read-only filesystem, its permissions, a full disk, an object store's
+    error). The message names the file and the location's reason; ``waltz archive`` exits 2, as
+    for a location that cannot be opened (docs/design/archive.md, "The archive's layout and
+    forms")."""
 
 
 class ArchiveFormTooNewError(ArchiveFormError):

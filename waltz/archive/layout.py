@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from waltz.archive.errors import ArchiveFormError, ArchiveUnreadableError
+from waltz.archive.errors import ArchiveFormError, ArchiveUnreadableError, ArchiveUnwritableError
 from waltz.archive.location import (
     arrow_owned,
     create_private_dir,
@@ -181,10 +181,14 @@ class ArchiveFiles:
             raise ArchiveFormError(f"{self.name(relative)} is not JSON: {exc}") from exc
 
     def write_json(self, relative: str, document: dict[str, Any]) -> None:
-        """Write a JSON document to a temporary file, then rename it over ``relative``.
+        """Write a JSON document to a temporary file, then rename it over ``relative`` (its
+        directory created when missing).
 
         Raises:
-            OSError: the location refused the write.
+            ArchiveUnwritableError: the location refused the write (named, with its reason).
         """
-        create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
-        write_json_atomically(self.filesystem, self.path(relative), document)
+        try:
+            create_private_dir(self.filesystem, posixpath.dirname(self.path(relative)))
+            write_json_atomically(self.filesystem, self.path(relative), document)
+        except OSError as exc:  # a file where a directory should be, read-only, full, a store's error
+            raise ArchiveUnwritableError(f"{self.name(relative)} cannot be written: {exc}") from exc

@@ -352,7 +352,7 @@ def write_archive_manifest(files: ArchiveFiles, manifest: ArchiveManifest) -> No
     """Write ``archive.json`` (a temporary file, then a rename).
 
     Raises:
-        OSError: the location refused the write.
+        ArchiveUnwritableError: the location refused the write.
     """
     files.write_json(ARCHIVE_MANIFEST, manifest.to_json())
 
@@ -379,6 +379,6 @@ def write_partition_manifest(files: ArchiveFiles, manifest: PartitionManifest) -
     """Write a partition's manifest (a temporary file, then a rename).
 
     Raises:
-        OSError: the location refused the write.
+        ArchiveUnwritableError: the location refused the write.
     """
     files.write_json(_manifest_path(manifest.partition_id), manifest.to_json())

@@ -57,7 +57,9 @@ def claim_archive(cluster: ClusterZk, files: ArchiveFiles, *, relocate: bool = F
             belongs to another cluster or has another partition count; or ZooKeeper says the
             archive holds transactions but the location holds no archive.
         ArchiveFormError: ``archive.json`` is not one this code reads.
-        OSError: the location refused a read or a write.
+        ArchiveUnreadableError, ArchiveUnwritableError: the location refused a read or a write
+            (named, with its reason).
+        OSError: the location refused listing a directory.
     """
     params = cluster.params()
     fingerprint = cluster_key_fingerprint(str(params.cluster_key))

@@ -13,8 +13,8 @@ what is archived (a node down, or a certificate without the admin role), a probl
 (``verify``), or a restore refused (an archive that fails verification, a root that holds a
 cluster, storage nodes not empty or not answering; nothing written) or a storage node that failed
 after ZooKeeper was written; 2 the command could not run (options, settings, ZooKeeper, no
-cluster, a location that cannot be opened, an archive of a newer form, another location on record
-without ``--relocate``).
+cluster, a location that cannot be opened, read or written, an archive of a newer form, another
+location on record without ``--relocate``).
 """
 
 from __future__ import annotations
