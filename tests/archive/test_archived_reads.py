@@ -287,3 +287,30 @@ def test_a_damaged_chunk_retention_deleted_from_the_replicas_stops_the_run_namin
         chunk.write_bytes(original)
     (result,) = Archiver(zk, str(archived.location), policy=CHUNKS).run()
     assert result.error is None, result.error
+
+
+def test_a_range_every_replica_deleted_and_the_archive_lacks_says_to_copy_the_chunks_back(
+    archived: Archived, tmp_path: Path
+) -> None:
+    """The archiver sent to an empty archive with ZooKeeper's summary gone, after retention: every
+    replica answers that the range is below its local start. The message says so, with the local
+    starts, points to ``waltz archive verify`` and copying the chunks back, and counts the replicas
+    as they are (all up: not "start the storage nodes that are down") (docs/design/archive.md,
+    "The archiver")."""
+    zk = archived.zk
+    summary = zk.archive_summary()
+    assert summary is not None
+    zk.zk.delete(zk.paths.archive)
+    try:
+        (stopped,) = Archiver(zk, str(tmp_path / "empty-archive"), policy=CHUNKS).run()
+    finally:  # the module's archive named again, and its replicas told it again
+        zk.zk.delete(zk.paths.archive)
+        zk.set_archive_summary(summary.value, -1)
+        (again,) = Archiver(zk, str(archived.location), policy=CHUNKS).run()
+        assert again.error is None, again.error
+    assert stopped.error is not None
+    error = stopped.error
+    assert "start the storage nodes that are down" not in error, error
+    assert "3 of its 3 replicas hold them, 2 failed, leaving 1 untried, fewer than the quorum" in error, error
+    assert "the range is below the local start of 2 replica(s)" in error, error
+    assert "`waltz archive verify`" in error and "copy the chunks of 0..99 back" in error, error

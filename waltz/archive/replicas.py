@@ -20,7 +20,7 @@ from waltz.admin.storage_nodes import NodeOutcome, call_admin_on_nodes
 from waltz.archive.errors import ArchiveError, ReplicaMismatchError
 from waltz.committed.plan import CommittedPartition, LiveReplica, LiveSource
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_replica
-from waltz.errors import StorageRpcError, WaltzError
+from waltz.errors import RecordsArchivedError, StorageRpcError, WaltzError
 from waltz.metadata.values import ClusterParams
 from waltz.metadata.zk import ClusterZk
 from waltz.protocol import storage_pb2
@@ -116,20 +116,20 @@ def read_quorum(
     if not isinstance(source, LiveSource):
         raise ArchiveError(f"partition {plan.partition_id}: the archiver reads live clusters only")
     candidates = [r for r in source.replicas if r.max_transaction_id >= last]
-    failures: list[str] = []
+    holding = len(candidates)
+    failures: list[_ReplicaFailedError] = []
     while True:
         if len(candidates) < source.quorum:
             raise QuorumUnavailableError(
-                f"partition {plan.partition_id}: transactions {first}..{last} need a quorum of "
-                f"{source.quorum} replicas of store session {source.session_id}; "
-                f"{len(candidates)} can deliver them ({'; '.join(failures) or 'the others hold less'}): "
-                "start the storage nodes that are down, then run the archiver again"
+                _quorum_unavailable(
+                    plan.partition_id, first, last, source, holding, len(candidates), failures
+                )
             )
         chosen = candidates[: source.quorum]
         try:
             return _compare(plan.partition_id, first, last, chosen, source, max_bytes, batch_records, timeout)
         except _ReplicaFailedError as failed:
-            failures.append(f"{failed.replica.storage}: {failed.cause!r}")
+            failures.append(failed)
             log.warning(
                 "partition %d: reading %d..%d from %s failed (%r); reading from another replica",
                 plan.partition_id,
@@ -139,6 +139,56 @@ def read_quorum(
                 failed.cause,
             )
             candidates = [r for r in candidates if r is not failed.replica]
+
+
+def _quorum_unavailable(
+    partition_id: int,
+    first: int,
+    last: int,
+    source: LiveSource,
+    holding: int,
+    untried: int,
+    failures: list[_ReplicaFailedError],
+) -> str:
+    """Why fewer than a quorum of replicas could deliver ``first..last``, counted, and what to do:
+    start the nodes that are down, or, for replicas that answered that the range is below their
+    local start (:class:`~waltz.errors.RecordsArchivedError`: retention deleted it after they were
+    told it was archived), check the archive and copy its chunks back (docs/design/archive.md,
+    "The archiver")."""
+    counted = (
+        f"partition {partition_id}: transactions {first}..{last} need a quorum of {source.quorum} "
+        f"replicas of store session {source.session_id}; {holding} of its {len(source.replicas)} "
+        f"replicas hold them, {len(failures)} failed, leaving {untried} untried, fewer than the quorum"
+    )
+    if not failures:
+        return (
+            counted
+            + " (the others hold less): start the storage nodes that are down, then run the archiver again"
+        )
+    archived = {f.replica.storage: f.cause for f in failures if isinstance(f.cause, RecordsArchivedError)}
+    others = [f for f in failures if f.replica.storage not in archived]
+    lines = (
+        [counted + ": " + "; ".join(f"{f.replica.storage}: {f.cause!r}" for f in others)]
+        if others
+        else [counted]
+    )
+    if archived:
+        starts = ", ".join(
+            f"{storage} from {cause.local_start}"
+            for storage, cause in archived.items()
+            if isinstance(cause, RecordsArchivedError)
+        )
+        lines.append(
+            f"the range is below the local start of {len(archived)} replica(s) ({starts}): retention "
+            "deleted it after they were told it was archived, yet the archive does not hold it (ZooKeeper's "
+            "archived-through or the partition's manifest went back, or this is another archive than the "
+            "one they were told of): run `waltz archive verify` to see what the archive holds, then copy "
+            f"the chunks of {first}..{last} back from a copy of the archive (`waltz archive verify "
+            "--archive COPY` checks one)"
+        )
+    if others:
+        lines.append("start the storage nodes that are down, then run the archiver again")
+    return "; ".join(lines)
 
 
 class _ReplicaFailedError(Exception):
