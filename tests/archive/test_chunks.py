@@ -45,6 +45,7 @@ from waltz.archive.manifests import (
     write_partition_manifest,
 )
 from waltz.archive.reader import ArchivedRangeReader, read_archived
+from waltz.archive.verify import verify_archive
 from waltz.protocol.records import Record, ReqId
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -409,3 +410,22 @@ def test_a_chunk_is_read_from_any_contiguous_buffer_of_its_bytes() -> None:
     assert len(wide) * 4 == wide.nbytes == len(data)
     assert decode_chunk(wide, "chunk").equals(table)
     assert decode_chunk(memoryview(data), "chunk").equals(table)
+
+
+def test_verify_says_how_far_it_is_within_a_partition(tmp_path: Path) -> None:
+    """A partition of many chunks takes long to verify (and so a restore): verify says how far it is
+    every ``progress_every`` seconds, within the partition, not only once it is done
+    (docs/design/archive.md, "The archiver"); 0 gives a line per chunk."""
+    files = archive_of(tmp_path / "archive", 0, [records(0, 10), records(10, 10), records(20, 5)])
+    lines: list[str] = []
+    report = verify_archive(files, None, 1, progress=lines.append, progress_every=0.0)
+    assert report.partitions[0].records_checked == 25 and not report.partitions[0].problems
+    assert lines == [
+        "partition 0: 1 of 3 chunks checked (through transaction 9), 10 records so far",
+        "partition 0: 2 of 3 chunks checked (through transaction 19), 20 records so far",
+        "partition 0: 3 of 3 chunks checked (through transaction 24), 25 records so far",
+        "partition 0: 3 chunks, 25 records: OK",
+    ]
+    quiet: list[str] = []
+    verify_archive(files, None, 1, progress=quiet.append)  # the default: every few seconds
+    assert quiet == ["partition 0: 3 chunks, 25 records: OK"]

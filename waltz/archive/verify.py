@@ -12,6 +12,7 @@ never above ZooKeeper's archived-through, and only on the archive ZooKeeper name
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,7 @@ from waltz.metadata.zk import ClusterZk
 from waltz.protocol.channels import TlsConfig
 
 __all__ = [
+    "PROGRESS_EVERY",
     "PartitionCheck",
     "Problem",
     "VerifyReport",
@@ -46,6 +48,9 @@ __all__ = [
     "hold_archived_through",
     "verify_archive",
 ]
+
+#: Seconds between verify's lines of how far it is within a partition (``progress_every``).
+PROGRESS_EVERY = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +194,7 @@ def verify_archive(
     partitions: Sequence[int] | None = None,
     *,
     progress: Callable[[str], None] | None = None,
+    progress_every: float = PROGRESS_EVERY,
 ) -> VerifyReport:
     """Check every chunk of the archive against its manifest, and the manifests against ZooKeeper.
 
@@ -197,7 +203,11 @@ def verify_archive(
         summary: ``<root>/archive`` (None: the cluster has none).
         num_partitions: the cluster's partition count.
         partitions: the partitions to check (None: all).
-        progress: called with a line per partition checked.
+        progress: called with a line per partition checked, and, within a partition, with how far
+            it is (``partition P: C of N chunks checked (through transaction T), R records so
+            far``) after the first chunk checked once ``progress_every`` seconds have passed since
+            the last line.
+        progress_every: seconds between the lines within a partition (0: one per chunk).
 
     Returns:
         The report; nothing is changed.
@@ -228,7 +238,13 @@ def verify_archive(
     if summary is not None and summary.location != files.location:
         report.notes.append(f"ZooKeeper names the archive {summary.location}; this is {files.location}")
     for pid in partitions if partitions is not None else range(num_partitions):
-        check = _verify_partition(files, pid, None if summary is None else summary.of(pid))
+        check = _verify_partition(
+            files,
+            pid,
+            None if summary is None else summary.of(pid),
+            say if progress else None,
+            progress_every,
+        )
         report.partitions.append(check)
         state = "OK" if not check.problems else f"{len(check.problems)} problem(s)"
         say(f"partition {pid}: {check.chunks_checked} chunks, {check.records_checked} records: {state}")
@@ -236,7 +252,11 @@ def verify_archive(
 
 
 def _verify_partition(
-    files: ArchiveFiles, partition_id: int, recorded: ArchivedPartition | None
+    files: ArchiveFiles,
+    partition_id: int,
+    recorded: ArchivedPartition | None,
+    say: Callable[[str], None] | None = None,
+    every: float = PROGRESS_EVERY,
 ) -> PartitionCheck:
     check = PartitionCheck(partition_id, zookeeper=recorded)
     relative = f"{partition_directory(partition_id)}/{PARTITION_MANIFEST}"
@@ -255,6 +275,7 @@ def _verify_partition(
         check.problems.append(Problem.of(problem, files.name(relative)))
     good = PartitionManifest(partition_id, (), manifest.form)
     intact = True
+    last_said = time.monotonic()
     for entry in manifest.chunks:
         check.chunks_checked += 1
         try:
@@ -262,10 +283,16 @@ def _verify_partition(
         except ArchiveCheckError as exc:
             check.problems.append(Problem.of(exc, files.name(relative)))
             intact = False
-            continue
-        check.records_checked += len(records)
-        if intact:
-            good = good.with_chunk(entry)
+        else:
+            check.records_checked += len(records)
+            if intact:
+                good = good.with_chunk(entry)
+        if say is not None and time.monotonic() - last_said >= every:
+            last_said = time.monotonic()
+            say(
+                f"partition {partition_id}: {check.chunks_checked} of {len(manifest.chunks)} chunks checked "
+                f"(through transaction {entry.last}), {check.records_checked} records so far"
+            )
     check.good = good
     listed = {c.file for c in manifest.chunks}
     unlisted = [
