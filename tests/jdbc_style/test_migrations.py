@@ -9,7 +9,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import subprocess
+import sys
 import textwrap
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -157,6 +161,63 @@ def test_upgrade_takes_an_engine_or_a_connection_in_the_caller_s_transaction(
         api.upgrade(connection)
         assert not connection.in_transaction()
     assert api.current(engine) == api.head()
+
+
+def test_an_upgrade_waits_for_the_migration_lock_another_connection_holds(db_url: str) -> None:
+    """While one connection holds the migration lock, another ``migration_lock`` gives up after
+    its timeout with ``MigrationLockTimeoutError``, and an ``upgrade`` of the URL waits: it creates
+    nothing until the lock is released, then the tables."""
+    waited: list[BaseException | None] = []
+    with api.migration_lock(db_url) as held:
+        assert "waltz_alembic_version" not in sa.inspect(held).get_table_names()
+        with (
+            pytest.raises(api.MigrationLockTimeoutError, match=r"migration lock of .* for over 0\.5 s"),
+            api.migration_lock(db_url, timeout=0.5),
+        ):
+            pass
+
+        def upgrade() -> None:
+            try:
+                api.upgrade(db_url)
+                waited.append(None)
+            except BaseException as error:  # reported to the test's thread
+                waited.append(error)
+
+        thread = threading.Thread(target=upgrade, daemon=True)
+        thread.start()
+        thread.join(2.0)
+        assert thread.is_alive() and not waited, waited
+    thread.join(60.0)
+    assert waited == [None]
+    assert api.current(db_url) == api.head()
+
+
+def test_instances_that_prepare_a_new_database_at_once_take_turns(db_url: str) -> None:
+    """Three processes prepare one new database at once as the wallet example does (the
+    framework's upgrade and the application's ``create_all``): every one succeeds."""
+    script = textwrap.dedent(
+        """
+        import sys, time
+        from waltz_examples.wallet.app import prepare_database
+        start = float(sys.argv[2])
+        time.sleep(max(0.0, start - time.time()))
+        prepare_database(sys.argv[1])
+        print("prepared")
+        """
+    )
+    start = time.time() + 3.0
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, db_url, str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], outputs
+    assert api.current(db_url) == api.head()
 
 
 def test_downgrade_to_base_drops_the_tables(db_url: str, engine: sa.Engine) -> None:

@@ -44,6 +44,7 @@ __all__ = [
     "SQLITE_BEGIN",
     "apply_guard",
     "create_framework_engine",
+    "emits_sqlite_begin",
     "is_prepared",
     "is_transient",
     "prepare_engine",
@@ -204,6 +205,12 @@ def _mysql_connect(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.execute(f"SET SESSION {MYSQL_SESSION_SQL_MODE}")
     finally:
         cursor.close()
+
+
+def emits_sqlite_begin(engine: Engine) -> bool:
+    """Whether ``engine`` is one :func:`prepare_engine` prepared for SQLite: the framework emits its
+    ``BEGIN`` (``DEFERRED``, or the mode of the ``SQLITE_BEGIN`` execution option) itself."""
+    return event.contains(engine, "begin", _sqlite_begin)
 
 
 def _sqlite_begin(conn: Connection) -> None:

@@ -45,6 +45,7 @@ Operators use the same functions through ``waltz db`` (:mod:`waltz.cli.db`).
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import sys
@@ -58,20 +59,28 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, Table, inspect
+from sqlalchemy import Connection, Engine, Table, inspect, text
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.schema import SchemaItem
 
 from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style.binding import Bind, connection_for, describe, url_text
-from waltz.jdbc_style.engine import refuse_async_bind
+from waltz.jdbc_style.engine import (
+    SQLITE_BEGIN,
+    create_framework_engine,
+    emits_sqlite_begin,
+    refuse_async_bind,
+)
 from waltz.jdbc_style.schema import metadata
 
 __all__ = [
     "BRANCH_LABEL",
+    "MIGRATION_LOCK_TIMEOUT",
     "VERSION_TABLE",
     "FrameworkRevisionNewerError",
     "FrameworkTablesMissingError",
+    "MigrationLockTimeoutError",
     "alembic_config",
     "check_current",
     "current",
@@ -79,6 +88,7 @@ __all__ = [
     "downgrade_environment",
     "exclude_framework_tables",
     "head",
+    "migration_lock",
     "require_tables",
     "revisions",
     "script_location",
@@ -95,6 +105,15 @@ BRANCH_LABEL = "waltz"
 
 
 _FRAMEWORK_TABLES = frozenset(metadata.tables) | {VERSION_TABLE}
+
+#: Seconds :func:`migration_lock` waits for another process's migration by default.
+MIGRATION_LOCK_TIMEOUT = 300.0
+#: PostgreSQL's advisory lock key of the migrations (a fixed bigint: the first 8 bytes of the
+#: SHA-256 of ``waltz_migrations``, signed); MySQL's and MariaDB's named lock.
+_PG_LOCK_KEY = int.from_bytes(hashlib.sha256(b"waltz_migrations").digest()[:8], "big", signed=True)
+_MYSQL_LOCK_NAME = "waltz_migrations"
+#: Where a SQLite connection's busy timeout before the lock is kept (``Connection.info``).
+_SQLITE_BUSY_BEFORE = "waltz_busy_timeout_before_migration_lock"
 
 
 class FrameworkTablesMissingError(SqlFrameworkError):
@@ -121,6 +140,23 @@ class FrameworkTablesMissingError(SqlFrameworkError):
         self.revision = revision
         self.head = head
         self.missing = tuple(missing)
+
+
+class MigrationLockTimeoutError(SqlFrameworkError):
+    """Another process held the database's migration lock longer than the wait allowed
+    (docs/design/sql.md "Migrations"): its migration is still running, or it stopped holding
+    the lock in a session the database has not ended.
+
+    Attributes:
+        timeout: the seconds waited.
+    """
+
+    def __init__(self, url: str, timeout: float) -> None:
+        super().__init__(
+            f"another process has held the migration lock of {url} for over {timeout:g} s: wait for "
+            "its migration to end (or end its session) and try again"
+        )
+        self.timeout = timeout
 
 
 class FrameworkRevisionNewerError(FrameworkTablesMissingError):
@@ -231,23 +267,160 @@ def _refuse_newer_revision(bind: Bind) -> None:
 # ---- migrating -----------------------------------------------------------------------------------
 
 
+@contextmanager
+def migration_lock(
+    bind: Engine | str | URL, *, timeout: float = MIGRATION_LOCK_TIMEOUT
+) -> Iterator[Connection]:
+    """Hold the database's migration lock: one process at a time creates or upgrades tables
+    (docs/design/sql.md "Migrations"). Instances that start together on a new database, each
+    preparing it (``upgrade``, then the application's ``create_all``), would otherwise race to
+    create the same tables, and all but one fail.
+
+    Yields a connection that holds the lock; run the preparation on it::
+
+        with migrations_api.migration_lock(engine) as connection:
+            migrations_api.upgrade(connection)
+            Base.metadata.create_all(connection)
+
+    The connection's open transaction is committed when the block ends (rolled back when it
+    raises), then the lock is released. The lock is PostgreSQL's session advisory lock on a fixed
+    key, MySQL's and MariaDB's ``GET_LOCK('waltz_migrations')``, and SQLite's write lock
+    (``BEGIN IMMEDIATE``: the block is then one transaction, and other writers wait for it).
+    :func:`upgrade` given a URL or an engine takes the lock itself.
+
+    Args:
+        bind: the database (a URL, or an engine; a pooled engine gets its connection back
+            unlocked).
+        timeout: seconds to wait for another process's lock (on SQLite, the connection's busy
+            timeout while it waits).
+
+    Raises:
+        MigrationLockTimeoutError: another process held the lock for longer than ``timeout``.
+        AsyncEngineError: an asyncio engine or URL.
+        sqlalchemy.exc.DBAPIError: the database could not be reached.
+    """
+    refuse_async_bind(bind)
+    if isinstance(bind, str | URL):
+        engine = create_framework_engine(bind)
+        try:
+            with migration_lock(engine, timeout=timeout) as connection:
+                yield connection
+        finally:
+            engine.dispose()
+        return
+    with bind.connect() as connection:
+        dialect = connection.dialect.name
+        try:
+            _take_migration_lock(connection, dialect, timeout)
+        except BaseException as error:
+            if connection.in_transaction():
+                connection.rollback()
+            if dialect == "sqlite":
+                _release_migration_lock(connection, dialect)  # its busy timeout as it was
+            if isinstance(error, DBAPIError) and dialect == "sqlite" and "locked" in str(error.orig):
+                raise MigrationLockTimeoutError(describe(bind), timeout) from error
+            raise
+        try:
+            yield connection
+            if connection.in_transaction():
+                connection.commit()
+        except BaseException:
+            if connection.in_transaction():
+                connection.rollback()
+            raise
+        finally:
+            _release_migration_lock(connection, dialect)
+
+
+def _take_migration_lock(connection: Connection, dialect: str, timeout: float) -> None:
+    """Take the lock of :func:`migration_lock` on ``connection``.
+
+    Raises:
+        MigrationLockTimeoutError: not within ``timeout`` seconds.
+    """
+    url = describe(connection)
+    if dialect == "postgresql":
+        connection.execute(
+            text("SELECT set_config('lock_timeout', :ms, false)"), {"ms": f"{int(timeout * 1000)}ms"}
+        )
+        try:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
+        except OperationalError as error:
+            connection.rollback()
+            if getattr(error.orig, "sqlstate", None) == "55P03":  # lock_not_available
+                raise MigrationLockTimeoutError(url, timeout) from error
+            raise
+        finally:
+            if connection.in_transaction():
+                connection.commit()
+            connection.execute(text("RESET lock_timeout"))
+            connection.commit()
+    elif dialect in ("mysql", "mariadb"):
+        got = connection.execute(
+            text("SELECT GET_LOCK(:name, :seconds)"), {"name": _MYSQL_LOCK_NAME, "seconds": timeout}
+        ).scalar()
+        connection.commit()
+        if got != 1:
+            raise MigrationLockTimeoutError(url, timeout)
+    elif dialect == "sqlite":
+        # The wait is SQLite's busy timeout, set on the driver's connection (a statement through
+        # SQLAlchemy would begin a transaction first); _release_migration_lock restores it.
+        driver = connection.connection.dbapi_connection
+        assert driver is not None
+        connection.info[_SQLITE_BUSY_BEFORE] = driver.execute("PRAGMA busy_timeout").fetchone()[0]
+        driver.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+        if emits_sqlite_begin(connection.engine):
+            connection.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+            connection.begin()
+        else:  # pysqlite's own transaction handling: it emits no BEGIN of its own before DDL
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+    # Other databases: no lock; concurrent preparations may race as before.
+
+
+def _release_migration_lock(connection: Connection, dialect: str) -> None:
+    """Release the lock of :func:`migration_lock` (SQLite's ended with the transaction); a
+    connection whose release failed is invalidated, so that its session (and lock) ends."""
+    try:
+        if dialect == "postgresql":
+            connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
+            connection.commit()
+        elif dialect in ("mysql", "mariadb"):
+            connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": _MYSQL_LOCK_NAME})
+            connection.commit()
+        elif dialect == "sqlite" and _SQLITE_BUSY_BEFORE in connection.info:
+            driver = connection.connection.dbapi_connection
+            assert driver is not None
+            driver.execute(f"PRAGMA busy_timeout = {int(connection.info.pop(_SQLITE_BUSY_BEFORE))}")
+    except DBAPIError:
+        connection.invalidate()
+        raise
+
+
 def upgrade(bind: Bind, revision: str = "heads") -> None:
     """Create or upgrade the framework's tables (idempotent: nothing happens at the target).
 
     Args:
-        bind: the database. With a URL or an engine the upgrade runs in its own connection and
-            transaction. A connection is used as is: outside a transaction alembic begins and
-            commits its own; inside one, the caller commits it. Safe to call from an
-            application's own alembic ``env.py`` (see the module documentation).
+        bind: the database. With a URL or an engine the upgrade runs in its own connection,
+            under the database's migration lock (:func:`migration_lock`: processes that upgrade
+            at once take turns). A connection is used as is, without the lock: outside a
+            transaction alembic begins and commits its own; inside one, the caller commits it.
+            Safe to call from an application's own alembic ``env.py`` (see the module
+            documentation).
         revision: the target revision (``heads``, ``waltz@head``, a revision ID, ``+1``).
 
     Raises:
         AsyncEngineError: an asyncio engine, connection or URL (the message names the synchronous
             URL to give instead).
+        MigrationLockTimeoutError: another process held the migration lock for over
+            :data:`MIGRATION_LOCK_TIMEOUT` seconds.
         FrameworkRevisionNewerError: a newer waltz-py migrated the database.
         sqlalchemy.exc.DBAPIError: the database could not be reached or refused the DDL.
         alembic.util.exc.CommandError: ``revision`` is unknown.
     """
+    if not isinstance(bind, Connection):
+        with migration_lock(bind) as connection:
+            upgrade(connection, revision)
+        return
     try:
         with _ALEMBIC_RUN, _preserving_alembic_context():
             command.upgrade(alembic_config(bind), revision)

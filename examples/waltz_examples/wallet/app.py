@@ -100,13 +100,11 @@ class Balance(BaseModel):
 
 
 def prepare_database(url: str) -> None:
-    """Create or upgrade the framework's tables and create the wallet's (idempotent)."""
-    engine = create_framework_engine(url)
-    try:
-        migrations_api.upgrade(engine)
-        Base.metadata.create_all(engine)
-    finally:
-        engine.dispose()
+    """Create or upgrade the framework's tables and create the wallet's (idempotent), under the
+    database's migration lock: workers that start together on a new database take turns."""
+    with migrations_api.migration_lock(url) as connection:
+        migrations_api.upgrade(connection)
+        Base.metadata.create_all(connection)
 
 
 @dataclass
