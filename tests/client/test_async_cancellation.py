@@ -161,6 +161,41 @@ def test_a_start_cancelled_while_it_connects_closes_the_client_it_was_making(
         _ = unstarted[0].client_id
 
 
+def test_concurrent_starts_make_one_client_and_apply_each_transaction_once(
+    cluster: LocalCluster, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``start`` is idempotent also when awaited twice at once (``asyncio.gather``, two requests
+    racing to start a shared client): both awaits wait for one start, one ZooKeeper session, one
+    client applying to the callbacks. Before, each made a client, the second overwrote the first,
+    and the first, never closed, mounted and applied every transaction to the same callbacks a
+    second time."""
+    config = WaltzClientConfig(**cluster.client_settings())
+    store = MemoryStore(log_start)
+    caplog.set_level(logging.INFO, logger="waltz.client.core")
+    append = Append(0, b"applied once by one client")
+    committed: list[int] = []
+
+    async def main() -> None:
+        client = AsyncWaltzClient(store, config)
+        try:
+            first, second = await asyncio.gather(client.start(), client.start())
+            assert first is second is client
+            outcome = await asyncio.wait_for(client.submit_async(append), 30)
+            assert outcome.transaction_id is not None
+            committed.append(outcome.transaction_id)
+            assert await client.wait_applied(0, committed[0], 30)
+        finally:
+            await client.close()
+
+    _run_bounded(main, 120)
+    said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
+    started = {m.split()[2] for m in said if re.match(r"Waltz client \d+ started", m)}
+    closed = {m.split()[2] for m in said if re.match(r"Waltz client \d+ closed", m)}
+    assert len(started) == 1, said
+    assert closed == started, said
+    assert store.calls[0] == committed, "the append was given to apply_transaction more than once"
+
+
 class _HeldApplyStore(MemoryStore):
     """A :class:`MemoryStore` whose ``apply_transaction`` waits until ``go`` is set: this client's
     commits stay unapplied, so a new context waits to read its own writes."""

@@ -370,17 +370,31 @@ class AsyncWaltzClient:
         self._config = config
         self._metrics = ClientMetrics()
         self._core_or_none: ClientCore | None = None
+        self._starting = asyncio.Lock()
 
     async def start(self) -> Self:
-        """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent.
+        """Connect to ZooKeeper and start the core (see :class:`WaltzClient`). Idempotent, also
+        when awaited several times at once (docs/design/client.md "WaltzClient and
+        AsyncWaltzClient"): one start runs and the others wait for it, so the client has one core
+        and one ZooKeeper session.
 
         The core is made on a thread (connecting blocks). Cancelling the await does not leave a
         started client behind: the one being made is closed once made, and this client stays
-        unstarted."""
-        if self._core_or_none is None:
-            self._core_or_none = await _made_on_a_thread(
-                lambda: ClientCore(self._callbacks, self._config, self._metrics), ClientCore.close
-            )
+        unstarted. A start that failed or was cancelled leaves the client startable: a start
+        waiting for it then makes the core itself.
+
+        Returns:
+            This client.
+
+        Raises:
+            ExpiredCertificateError, ZooKeeperUnavailableError, ClusterNotFoundError: as
+                :class:`WaltzClient` does when made.
+        """
+        async with self._starting:
+            if self._core_or_none is None:
+                self._core_or_none = await _made_on_a_thread(
+                    lambda: ClientCore(self._callbacks, self._config, self._metrics), ClientCore.close
+                )
         return self
 
     async def __aenter__(self) -> Self:
