@@ -2,8 +2,9 @@
 locks and partitions").
 
 A wallet is a row keyed by its ID, locked by the framework under the lock name ``wallet``; its
-partition is the default one of its key. A deposit opens the wallet on its first call; a withdrawal
-is dropped, with a reason, when it would take the balance below zero. Both record the caller's
+partition is the default one of its key. A deposit opens the wallet on its first call, and is
+dropped, with a reason, when it would take the balance above :data:`MAX_BALANCE`; a withdrawal
+is dropped when it would take the balance below zero. Both record the caller's
 request ID as the transaction's idempotency key, so a retried request is applied once.
 """
 
@@ -14,7 +15,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext, WaltzEntity
 
-__all__ = ["Base", "Deposit", "Wallet", "Withdraw"]
+__all__ = ["MAX_BALANCE", "Base", "Deposit", "Wallet", "Withdraw"]
+
+#: The largest balance a wallet holds, in cents: PostgreSQL's ``BIGINT``, SQLite's ``INTEGER``.
+MAX_BALANCE = (1 << 63) - 1
 
 
 class Base(DeclarativeBase):
@@ -54,13 +58,22 @@ class Deposit(EntityTransactionContext):
         self.wallet_id, self.amount, self.request_id = wallet_id, amount, request_id
 
     def run(self, tx: EntityTransaction) -> bool:
-        """Write the new balance (a new row on the wallet's first deposit)."""
+        """Write the new balance (a new row on the wallet's first deposit), or drop the request
+        when the new balance would exceed :data:`MAX_BALANCE`: appended, such a change could never
+        be applied (``BIGINT``), and the partition's later transactions would wait behind it for
+        ever (docs/design/sql.md "Skipping a transaction")."""
         tx.idempotency_key = self.request_id
         wallet = tx.get(Wallet, self.wallet_id)
+        held = 0 if wallet is None else wallet.balance
+        if held + self.amount > MAX_BALANCE:
+            return tx.drop(
+                f"balance overflow: wallet {self.wallet_id} holds {held} cents; "
+                f"a deposit of {self.amount} would take it above {MAX_BALANCE}"
+            )
         if wallet is None:
             tx.insert(Wallet, wallet_id=self.wallet_id, balance=self.amount)
         else:
-            tx.update(wallet, balance=wallet.balance + self.amount)
+            tx.update(wallet, balance=held + self.amount)
         return True
 
 

@@ -114,6 +114,35 @@ def test_a_retried_request_is_applied_once(wallet_db: str, wallet_config: WaltzC
     asyncio.run(main())
 
 
+def test_a_deposit_that_would_overflow_the_balance_is_dropped(
+    wallet_db: str, wallet_config: WaltzClientConfig
+) -> None:
+    """A deposit whose new balance would exceed the largest ``BIGINT`` is dropped (409, with the
+    reason), not appended: appended, it could never be applied, and every later transaction of its
+    partition would wait behind it. A deposit up to that largest balance is applied."""
+    wallet = new_wallet()
+    most = (1 << 63) - 1
+    big = (1 << 62) - 1  # the largest amount a request takes
+
+    async def main() -> None:
+        async with serving(wallet_db, wallet_config) as http:
+            for n in range(2):
+                paid = await move(http, wallet, "deposits", big, f"big-{wallet}-{n}")
+                assert paid.status_code == 201, paid.text
+            over = await move(http, wallet, "deposits", big, f"big-{wallet}-2")
+            assert over.status_code == 409, over.text
+            assert over.json()["detail"] == (
+                f"balance overflow: wallet {wallet} holds {2 * big} cents; a deposit of {big} would "
+                f"take it above {most}"
+            ), over.text
+            topped = await move(http, wallet, "deposits", most - 2 * big, f"top-{wallet}")
+            assert topped.status_code == 201, topped.text
+            read = await http.get(f"/wallets/{wallet}", params={"after": topped.json()["transaction_id"]})
+            assert read.status_code == 200 and read.json()["balance"] == most, read.text
+
+    asyncio.run(main())
+
+
 def test_a_restarted_instance_catches_up_before_serving(
     wallet_db: str, wallet_config: WaltzClientConfig, tmp_path: Path
 ) -> None:
