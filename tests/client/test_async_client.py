@@ -15,9 +15,10 @@ import pytest
 from support import settle
 
 from tests.client.client_helpers import Append, HeldAppend, Increment, MemoryStore
-from waltz import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, WaltzClientConfig
+from waltz import AsyncWaltzClient, PartitionLocalLock, Transaction, TransactionBuilder, WaltzClientConfig
 from waltz.client.exit_hook import EXIT_WAIT
-from waltz.errors import AsyncCallbackError
+from waltz.client.mount_procedure import PartitionState
+from waltz.errors import AsyncCallbackError, WaltzTimeoutError
 from waltz.local.cluster import LocalCluster
 
 
@@ -259,3 +260,48 @@ def test_an_async_def_execute_is_refused_naming_it(
 
     asyncio.run(main())
     assert [a.data for a in store.applied[0]] == [b"built"]
+
+
+class _BreakableStore(MemoryStore):
+    """A memory store whose ``apply_transaction`` raises while ``broken`` is set."""
+
+    def __init__(self, start: dict[int, int]) -> None:
+        super().__init__(start)
+        self.broken = threading.Event()
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if self.broken.is_set():
+            raise RuntimeError(f"broken on purpose at transaction {transaction.transaction_id}")
+        super().apply_transaction(transaction)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        pass  # expected while broken: unhealthy_partitions() is what the test reads
+
+
+def test_the_async_client_answers_the_inspections_that_ready_s_timeout_points_to(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """``ready()``'s timeout says to see ``unhealthy_partitions()``: the asyncio client has it, and
+    the other in-memory inspections of ``WaltzClient`` (docs/design/client.md "WaltzClient and
+    AsyncWaltzClient"). Before, they were missing (``AttributeError``)."""
+    store = _BreakableStore(log_start)
+
+    async def main() -> None:
+        client = AsyncWaltzClient(store, client_config)
+        assert client.config is client_config  # before the start too
+        async with client:
+            await client.wait_mounted(30)
+            assert client.mounted_partitions() == [0, 1]
+            assert client.partition_states() == {0: PartitionState.MOUNTED, 1: PartitionState.MOUNTED}
+            assert client.unhealthy_partitions() == {} and client.held_partitions() == {}
+            store.broken.set()
+            assert (await asyncio.wait_for(client.submit_async(Append(0, b"fails to apply")), 30)).committed
+            with pytest.raises(WaltzTimeoutError, match=r"see unhealthy_partitions\(\)"):
+                await client.ready(1)
+            unhealthy = client.unhealthy_partitions()
+            assert list(unhealthy) == [0] and "broken on purpose" in str(unhealthy[0]), unhealthy
+            store.broken.clear()
+            await client.ready(30)
+            assert client.unhealthy_partitions() == {}
+
+    asyncio.run(main())

@@ -296,8 +296,8 @@ class WaltzClient:
         self._core.set_partitions(partition_ids)
 
     def mounted_partitions(self) -> list[int]:
-        """The partitions this client mounts (or is mounting)."""
-        return sorted(pid for pid, p in list(self._core.partitions.items()) if p.wanted)
+        """The partitions this client mounts (or is mounting), in order."""
+        return self._core.mounted_partitions()
 
     def wait_mounted(
         self, timeout: float = DEFAULT_REQUEST_TIMEOUT, partition_ids: Iterable[int] | None = None
@@ -417,6 +417,11 @@ class AsyncWaltzClient:
         return self._metrics.registry
 
     @property
+    def config(self) -> WaltzClientConfig:
+        """The configuration this client was made with (before :meth:`start` too)."""
+        return self._config
+
+    @property
     def client_id(self) -> int:
         """This client's ID."""
         return self._core.client_id
@@ -485,6 +490,42 @@ class AsyncWaltzClient:
         """Partition -> committed transactions queued for ``apply_transaction`` (see
         :meth:`WaltzClient.apply_backlogs`)."""
         return self._core.apply_backlogs()
+
+    def mounted_partitions(self) -> list[int]:
+        """The partitions this client mounts (or is mounting), in order. Reads memory only, as
+        the other inspections below (docs/design/client.md "WaltzClient and AsyncWaltzClient").
+
+        Raises:
+            RuntimeError: the client is not started.
+        """
+        return self._core.mounted_partitions()
+
+    def partition_states(self) -> dict[int, PartitionState]:
+        """Partition ID -> its state (unmounted, mounting, mounted, closed).
+
+        Raises:
+            RuntimeError: the client is not started.
+        """
+        return self._core.partition_states()
+
+    def unhealthy_partitions(self) -> dict[int, BaseException | None]:
+        """Partitions whose ``apply_transaction`` keeps failing -> the last exception: those a
+        :meth:`ready` that timed out names as behind (docs/design/client.md "Applying
+        transactions").
+
+        Raises:
+            RuntimeError: the client is not started.
+        """
+        return self._core.unhealthy_partitions()
+
+    def held_partitions(self) -> dict[int, int]:
+        """New partitions of a split whose apply holds their genesis -> the parent they wait for
+        (see :meth:`WaltzClient.held_partitions`; docs/design/splits.md "Clients across a split").
+
+        Raises:
+            RuntimeError: the client is not started.
+        """
+        return self._core.held_partitions()
 
     def has_pending_transactions(self) -> bool:
         """True while a submitted context has not ended."""

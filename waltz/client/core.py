@@ -741,6 +741,10 @@ class ClientCore:
         with self._waits_lock:
             return len(self._waits)
 
+    def mounted_partitions(self) -> list[int]:
+        """The partitions this client mounts (or is mounting), in order."""
+        return sorted(pid for pid, p in list(self.partitions.items()) if p.wanted)
+
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state."""
         return {pid: p.state for pid, p in list(self.partitions.items())}
