@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 
 import pytest
 
@@ -153,16 +154,28 @@ def test_wait_mounted_with_no_time_answers_from_the_state_and_names_unknown_part
 def test_timeouts_that_are_not_zero_or_more_finite_seconds_are_refused(
     client_config: WaltzClientConfig, log_start: dict[int, int], timeout: float
 ) -> None:
+    """The error says what to give, and offers None (no limit) only to the calls that take it:
+    ``ready``, ``wait_mounted`` and ``get_high_water_mark`` refuse None."""
     with WaltzClient(MemoryStore(log_start), client_config) as client:
-        for call in (
-            lambda: client.flush(timeout),
-            lambda: client.get_high_water_mark(0, timeout),
-            lambda: client.wait_applied(0, 0, timeout),
-            lambda: client.ready(timeout),
-            lambda: client.wait_mounted(timeout),
-        ):
-            with pytest.raises(ValueError, match="give zero or more seconds"):
+        unbounded: dict[str, Callable[[], object]] = {
+            "flush": lambda: client.flush(timeout),
+            "wait_applied": lambda: client.wait_applied(0, 0, timeout),
+        }
+        bounded: dict[str, Callable[[], object]] = {
+            "get_high_water_mark": lambda: client.get_high_water_mark(0, timeout),
+            "ready": lambda: client.ready(timeout),
+            "wait_mounted": lambda: client.wait_mounted(timeout),
+        }
+        for name, call in unbounded.items():
+            with pytest.raises(ValueError, match=f"{name} timeout of .* or None for no limit"):
                 call()
+        for name, call in bounded.items():
+            with pytest.raises(ValueError, match=f"{name} timeout of .* give zero or more finite") as refused:
+                call()
+            assert "None" not in str(refused.value), refused.value
+        for name in bounded:
+            with pytest.raises(TypeError, match=f"{name} timeout must be seconds .*no unbounded form"):
+                getattr(client, name)(*([0] if name == "get_high_water_mark" else []), None)
     for bad in (0, timeout):
         with pytest.raises(ValueError, match="context timeout"):
             ChooseWrongly(0, timeout=bad)

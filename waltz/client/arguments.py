@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import operator
 
-__all__ = ["as_bytes", "check_client_mark", "check_integer", "check_seconds"]
+__all__ = ["as_bytes", "check_client_mark", "check_integer", "check_limit", "check_seconds"]
 
 _INT64_MAX = (1 << 63) - 1
 
@@ -52,6 +52,30 @@ def check_seconds(value: float | None, what: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{what} of {value!r} seconds: give zero or more seconds, or None for no limit")
     return value
+
+
+def check_limit(value: float, what: str) -> float:
+    """A timeout that must be given, for a call with no unbounded form (``ready``,
+    ``wait_mounted``, ``get_high_water_mark``): zero (do not wait) or a positive finite number of
+    seconds. Unlike :func:`check_seconds`, its errors do not offer None.
+
+    Args:
+        value: the timeout given.
+        what: how the error names it, e.g. ``"ready timeout"``.
+
+    Raises:
+        TypeError: ``value`` is None or not a number.
+        ValueError: ``value`` is negative, NaN or infinite.
+    """
+    if value is None:
+        raise TypeError(f"{what} must be seconds (a number); this call has no unbounded form")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} must be seconds (a number), not {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(
+            f"{what} of {value!r} seconds: give zero or more finite seconds (this call has no unbounded form)"
+        )
+    return float(value)
 
 
 def as_bytes(data: object, what: str) -> bytes:

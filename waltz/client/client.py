@@ -44,7 +44,7 @@ from typing import Self, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from waltz.client.arguments import check_seconds
+from waltz.client.arguments import check_limit, check_seconds
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.context import TransactionContext
@@ -55,18 +55,6 @@ from waltz.client.outcome import Outcome, waited_transaction_id
 from waltz.errors import WaltzTimeoutError
 
 __all__ = ["AsyncWaltzClient", "WaltzClient"]
-
-
-def _limit(timeout: float, what: str) -> float:
-    """A timeout that must be given: zero or more finite seconds.
-
-    Raises:
-        TypeError: None, or not a number.
-        ValueError: negative, NaN or infinite.
-    """
-    if timeout is None:
-        raise TypeError(f"{what} must be seconds (a number); this call has no unbounded form")
-    return check_seconds(timeout, what) or 0.0
 
 
 T = TypeVar("T")
@@ -229,11 +217,14 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: no answer within ``timeout`` seconds.
+            TypeError: ``timeout`` is None or not a number (this call has no unbounded form).
             ValueError: ``timeout`` is negative, NaN or infinite.
             ValueError: no such partition.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        return self._core.get_high_water_mark(partition_id, _limit(timeout, "get_high_water_mark timeout"))
+        return self._core.get_high_water_mark(
+            partition_id, check_limit(timeout, "get_high_water_mark timeout")
+        )
 
     def wait_applied(self, partition_id: int, transaction_id: int, timeout: float | None = None) -> bool:
         """Block until this client has applied ``transaction_id`` of a partition it mounts.
@@ -281,10 +272,11 @@ class WaltzClient:
         Raises:
             WaltzTimeoutError: not caught up within ``timeout`` seconds (the message names the
                 partitions behind, with their marks).
+            TypeError: ``timeout`` is None or not a number (this call has no unbounded form).
             ValueError: ``timeout`` is negative, NaN or infinite.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        return self._core.wait_ready(_limit(timeout, "ready timeout"))
+        return self._core.wait_ready(check_limit(timeout, "ready timeout"))
 
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
@@ -306,10 +298,11 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: not all mounted within ``timeout`` seconds.
+            TypeError: ``timeout`` is None or not a number (this call has no unbounded form).
             ValueError: ``timeout`` is negative, NaN or infinite, or a partition does not exist.
             ClientClosedError: the client closed meanwhile (or before).
         """
-        self._core.wait_until_mounted(_limit(timeout, "wait_mounted timeout"), partition_ids)
+        self._core.wait_until_mounted(check_limit(timeout, "wait_mounted timeout"), partition_ids)
 
     def partition_states(self) -> dict[int, PartitionState]:
         """Partition ID -> its state (unmounted, mounting, mounted, closed)."""
@@ -538,7 +531,7 @@ class AsyncWaltzClient:
     async def get_high_water_mark(self, partition_id: int, timeout: float = DEFAULT_REQUEST_TIMEOUT) -> int:
         """As :meth:`WaltzClient.get_high_water_mark`."""
         return await self._core.get_high_water_mark_async(
-            partition_id, _limit(timeout, "get_high_water_mark timeout")
+            partition_id, check_limit(timeout, "get_high_water_mark timeout")
         )
 
     async def wait_applied(
@@ -554,7 +547,7 @@ class AsyncWaltzClient:
         """As :meth:`WaltzClient.ready`: return once every mounted partition has applied the
         log's high-water mark taken at the call (the loop does not wait; cancelling the await ends
         the wait)."""
-        return await self._core.wait_ready_async(_limit(timeout, "ready timeout"))
+        return await self._core.wait_ready_async(check_limit(timeout, "ready timeout"))
 
     async def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """As :meth:`WaltzClient.set_partitions`."""
@@ -565,7 +558,7 @@ class AsyncWaltzClient:
     ) -> None:
         """As :meth:`WaltzClient.wait_mounted`."""
         ids = None if partition_ids is None else list(partition_ids)
-        await self._core.wait_until_mounted_async(_limit(timeout, "wait_mounted timeout"), ids)
+        await self._core.wait_until_mounted_async(check_limit(timeout, "wait_mounted timeout"), ids)
 
     async def close(self) -> None:
         """As :meth:`WaltzClient.close`. Idempotent."""
