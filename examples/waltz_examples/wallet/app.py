@@ -61,17 +61,24 @@ class WalletSettings(BaseSettings):
         database_url: the instance's database, a synchronous SQLAlchemy URL (``sqlite:///...`` or
             ``postgresql+psycopg://...``; asyncio URLs are refused, docs/sql.md "On asyncio").
         cluster_name: the name this service's marks are kept under in the database.
-        ready_timeout: seconds the startup waits for the instance to catch up with the log.
+        ready_timeout: seconds the startup waits for the instance to catch up with the log:
+            zero or more, finite (``WALLET_READY_TIMEOUT``).
         request_timeout: seconds a request waits for its outcome, or for ``after`` to be applied
-            here, before it is answered 503 (``WALLET_REQUEST_TIMEOUT``).
+            here, before it is answered 503: above zero, finite (``WALLET_REQUEST_TIMEOUT``).
+
+    Raises:
+        ValidationError: a setting does not parse or is out of its range (``create_app`` says it
+            in one ``error:`` line per setting).
     """
 
     model_config = SettingsConfigDict(env_prefix="WALLET_")
 
     database_url: str = "sqlite:///wallet.db"
     cluster_name: str = "wallet"
-    ready_timeout: float = 120.0
-    request_timeout: float = Field(default=10.0, gt=0)
+    # Finite seconds: the client refuses NaN and infinity (and a context timeout of 0), so a
+    # value it would refuse is one `error:` line here, not the lifespan's traceback.
+    ready_timeout: float = Field(default=120.0, ge=0, allow_inf_nan=False)
+    request_timeout: float = Field(default=10.0, gt=0, allow_inf_nan=False)
 
 
 class Movement(BaseModel):

@@ -267,6 +267,29 @@ def test_uvicorn_refuses_a_database_it_cannot_use_in_one_line(
     assert "s3cret" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WALLET_READY_TIMEOUT", "-1"),
+        ("WALLET_READY_TIMEOUT", "nan"),
+        ("WALLET_READY_TIMEOUT", "inf"),
+        ("WALLET_REQUEST_TIMEOUT", "inf"),
+    ],
+)
+def test_uvicorn_refuses_a_timeout_that_is_not_finite_seconds_in_one_line(
+    variable: str, value: str, tmp_path: Path
+) -> None:
+    """A timeout setting that is negative, NaN or infinite is one ``error:`` line naming its
+    variable, before the app starts, where the lifespan (or every request) failed with a
+    traceback on the client's refusal of it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WALLET_", "WALTZ_"))}
+    env |= {"WALLET_DATABASE_URL": f"sqlite:///{tmp_path / 'wallet.db'}", variable: value}
+    done = _serve(env, tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(f"error: {variable}: "), done.stderr
+
+
 def test_uvicorn_names_each_setting_missing_or_invalid_in_one_line(tmp_path: Path) -> None:
     """Started without the ``export`` lines of ``waltz up`` (and with a setting of the wallet's
     that does not parse), ``uvicorn --factory ...:create_app`` prints one ``error:`` line per
