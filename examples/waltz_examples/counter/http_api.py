@@ -12,7 +12,10 @@ do>"}``):
                                              400 for a bad ID, body or amount.
 ``GET /counters/<id>[?consistent=true]``     200 ``{"counter_id", "value"}`` (0 for a counter
                                              never written; ``consistent``: see
-                                             :meth:`CounterService.get`).
+                                             :meth:`CounterService.get`); with ``consistent``,
+                                             503 when the partition's server does not
+                                             answer, or this database does not catch up,
+                                             within the request timeout.
 ``GET /health``                              200 or 503 ``{"healthy", "partitions", ...,
                                              "stats"}``.
 ===========================================  ===============================================

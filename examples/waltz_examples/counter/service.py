@@ -35,7 +35,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.engine import make_url
 
 from waltz import WaltzClient, WaltzClientConfig
-from waltz.errors import TransactionExpiredError
+from waltz.errors import TransactionExpiredError, WaltzTimeoutError
 from waltz.jdbc_style import create_framework_engine, migrations_api
 from waltz_examples.counter.errors import (
     CounterOverflowError,
@@ -315,8 +315,10 @@ class CounterService:
 
         Raises:
             ValueError: a bad ``counter_id``.
-            CounterRequestTimeoutError: ``consistent`` and the database did not catch up within
-                ``request_timeout`` seconds.
+            CounterRequestTimeoutError: ``consistent``, and the partition's server did not answer
+                for its high-water mark, or the database did not catch up, within
+                ``request_timeout`` seconds each (docs/design/client.md "WaltzClient and
+                AsyncWaltzClient": ``get_high_water_mark``).
         """
         state = self.read(counter_id, consistent=consistent)
         return 0 if state is None else state.value
@@ -326,7 +328,15 @@ class CounterService:
         _check_counter_id(counter_id)
         if consistent:
             partition_id = self.partition_of(counter_id)
-            high_water_mark = self.client.get_high_water_mark(partition_id, timeout=self.request_timeout)
+            try:
+                high_water_mark = self.client.get_high_water_mark(partition_id, timeout=self.request_timeout)
+            except WaltzTimeoutError as exc:
+                raise CounterRequestTimeoutError(
+                    f"partition {partition_id}'s server did not tell its high-water mark within "
+                    f"{self.request_timeout:g}s ({exc}); read without consistent=True (this "
+                    "database's value), or retry once the cluster answers",
+                    committed=None,
+                ) from exc
             if not self.callbacks.wait_for(partition_id, high_water_mark, self.request_timeout):
                 raise CounterRequestTimeoutError(
                     f"this database did not apply partition {partition_id} up to transaction "

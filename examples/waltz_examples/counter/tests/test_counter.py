@@ -27,7 +27,8 @@ import random
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -358,6 +359,31 @@ def test_http_api_changes_reads_and_refuses(api: CounterHttpServer) -> None:
     assert answer["mounted_partitions"] == [0, 1]
     assert answer["stats"]["increments"] == 1 and answer["stats"]["decrements"] == 1
     assert answer["stats"]["refused"] == 2
+
+
+def test_a_consistent_read_that_cannot_reach_the_servers_answers_503_in_time(
+    waltz_cluster_factory: Callable[..., LocalCluster], tmp_path: Path
+) -> None:
+    """A cluster of the test's own loses its only server: ``?consistent=true`` cannot ask for the
+    partition's high-water mark, and is answered 503 within the request timeout, saying what to
+    do, where it was a 500 with a traceback in the log."""
+    cluster = waltz_cluster_factory(name="counter-unreachable", partitions=1, servers=1)
+    (service,) = start_services(cluster, f"sqlite:///{tmp_path / 'unreachable.db'}", 1)
+    service.request_timeout = 2.0
+    counter = random.randrange(1, 1 << 62)
+    try:
+        with CounterHttpServer(service, "127.0.0.1", 0) as server:
+            assert call(server, "GET", f"/counters/{counter}?consistent=true")[0] == 200
+            cluster.stop_server(0)
+            started = time.monotonic()
+            status, answer = call(server, "GET", f"/counters/{counter}?consistent=true")
+            assert status == 503, answer
+            assert "high-water mark" in answer["error"] and "consistent=True" in answer["error"], answer
+            assert answer["committed"] is None, answer
+            assert time.monotonic() - started < 20, "the request timeout did not bound the answer"
+            assert call(server, "GET", f"/counters/{counter}") == (200, {"counter_id": counter, "value": 0})
+    finally:
+        service.close()
 
 
 def test_load_generator_and_command_report_a_consistent_run(api: CounterHttpServer) -> None:
