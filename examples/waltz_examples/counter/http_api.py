@@ -9,7 +9,11 @@ do>"}``):
                                              409 when a decrement would go negative (the
                                              answer adds ``"value"``, the current value, and
                                              ``"requested"``) or an increment would overflow;
-                                             400 for a bad ID, body or amount.
+                                             400 for a bad ID, body or amount; 408 for a
+                                             body that stops short of its Content-Length
+                                             for ``body_timeout`` seconds (400 when its
+                                             sender closed its side; the connection is
+                                             closed after either).
 ``GET /counters/<id>[?consistent=true]``     200 ``{"counter_id", "value"}`` (0 for a counter
                                              never written; ``consistent``: see
                                              :meth:`CounterService.get`); with ``consistent``,
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import re
 import threading
 from http import HTTPStatus
@@ -47,7 +52,7 @@ from waltz_examples.counter.errors import (
 from waltz_examples.counter.models import MAX_VALUE
 from waltz_examples.counter.service import CounterService
 
-__all__ = ["MAX_BODY_BYTES", "CounterHttpServer"]
+__all__ = ["DEFAULT_BODY_TIMEOUT", "MAX_BODY_BYTES", "CounterHttpServer"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +60,8 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 #: Seconds an idle kept-alive connection stays open.
 _IDLE_TIMEOUT = 60.0
+#: Seconds a request body may pause before it is answered 408 (``CounterHttpServer(body_timeout=)``).
+DEFAULT_BODY_TIMEOUT = 10.0
 
 _COUNTER = re.compile(r"^/counters/(?P<id>[^/]+)$")
 _CHANGE = re.compile(r"^/counters/(?P<id>[^/]+)/(?P<action>increment|decrement)$")
@@ -76,6 +83,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # listen backlog: many load threads connect at once
     service: CounterService
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -135,7 +143,11 @@ class _Handler(BaseHTTPRequestHandler):
             status = HTTPStatus.INTERNAL_SERVER_ERROR
             # The exception's text stays in the service's log: it may hold paths, SQL or data.
             answer = {"error": f"internal error ({type(exc).__name__}); see the service's log"}
-        self._send(status, answer, headers)
+        try:
+            self._send(status, answer, headers)
+        except OSError as exc:  # the caller went away (a reset while its body was read, say)
+            self.close_connection = True
+            log.info("%s %s: the answer %d could not be sent (%s)", method, self.path, status, exc)
 
     def _route(self, method: str, body: bytes | None) -> tuple[HTTPStatus, dict[str, Any]]:
         url = urlsplit(self.path)
@@ -202,7 +214,48 @@ class _Handler(BaseHTTPRequestHandler):
                 f"the request body has {length} bytes; at most {MAX_BODY_BYTES} are accepted",
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
             )
-        return self.rfile.read(length)
+        return self._read_exactly(length)
+
+    def _read_exactly(self, length: int) -> bytes:
+        """The ``length`` bytes of the body. One that stops short (a client that stalls, a proxy
+        that cut it) would hold this thread until the idle timeout, and what follows would be read
+        as the next request: it is refused, and the connection closed after the answer.
+
+        Raises:
+            BadRequestError: 408 when no byte came for the server's ``body_timeout`` seconds;
+                400 when the sender closed its side, or the connection failed, before the end.
+        """
+        body = bytearray()
+        timeout = cast(_Server, self.server).body_timeout
+        self.connection.settimeout(timeout)
+        try:
+            while len(body) < length:
+                chunk = self.rfile.read1(length - len(body))
+                if not chunk:
+                    break
+                body += chunk
+        except TimeoutError:
+            self.close_connection = True
+            raise BadRequestError(
+                f"the request body stopped after {len(body)} of the {length} bytes of its "
+                f"Content-Length for {timeout:g}s: send the whole body at once",
+                HTTPStatus.REQUEST_TIMEOUT,
+            ) from None
+        except OSError as exc:
+            self.close_connection = True
+            raise BadRequestError(
+                f"the request body failed after {len(body)} of the {length} bytes of its "
+                f"Content-Length ({exc}): send the request again"
+            ) from None
+        finally:
+            self.connection.settimeout(self.timeout)
+        if len(body) < length:
+            self.close_connection = True
+            raise BadRequestError(
+                f"the request body ended after {len(body)} of the {length} bytes of its "
+                "Content-Length: send the whole body, or the Content-Length of what is sent"
+            )
+        return bytes(body)
 
     def _send(self, status: HTTPStatus, answer: dict[str, Any], headers: dict[str, str]) -> None:
         data = json.dumps(answer).encode("utf-8")
@@ -265,14 +318,27 @@ class CounterHttpServer:
         service: the counter service to expose (not closed by :meth:`close`).
         host: the address to bind.
         port: the port to bind (0: a free port; see :attr:`port`).
+        body_timeout: seconds a request body may pause before the request is answered 408 and
+            its connection closed (a body shorter than its ``Content-Length``).
 
     Raises:
         OSError: the address cannot be bound.
+        ValueError: ``body_timeout`` is not a positive finite number.
     """
 
-    def __init__(self, service: CounterService, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        service: CounterService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        body_timeout: float = DEFAULT_BODY_TIMEOUT,
+    ) -> None:
+        if not (isinstance(body_timeout, (int, float)) and math.isfinite(body_timeout) and body_timeout > 0):
+            raise ValueError(f"body_timeout must be positive finite seconds, got {body_timeout!r}")
         self._server = _Server((host, port), _Handler)
         self._server.service = service
+        self._server.body_timeout = float(body_timeout)
         self.host = host
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(

@@ -22,8 +22,10 @@ import concurrent.futures
 import functools
 import http.client
 import json
+import logging
 import os
 import random
+import socket
 import subprocess
 import sys
 import threading
@@ -384,6 +386,65 @@ def test_a_consistent_read_that_cannot_reach_the_servers_answers_503_in_time(
             assert call(server, "GET", f"/counters/{counter}") == (200, {"counter_id": counter, "value": 0})
     finally:
         service.close()
+
+
+def _post_head(server: CounterHttpServer, body: bytes, length: int) -> socket.socket:
+    """A connection that sent an increment's headers with ``Content-Length: length`` and ``body``."""
+    connection = socket.create_connection((server.host, server.port), timeout=TIMEOUT)
+    connection.sendall(
+        b"POST /counters/8/increment HTTP/1.1\r\nHost: counter\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {length}\r\n\r\n".encode()
+        + body
+    )
+    return connection
+
+
+def _answer(connection: socket.socket) -> tuple[int, dict[str, str], dict[str, Any]]:
+    """The status, headers and JSON body of the one answer on ``connection`` (read to its end)."""
+    received = b""
+    while chunk := connection.recv(65536):
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in header_lines)}
+    return int(status_line.split()[1]), headers, json.loads(body)
+
+
+def test_a_body_shorter_than_its_content_length_is_answered_and_the_connection_closed(
+    counter_cluster: LocalCluster,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A body that stops short of its ``Content-Length`` (a client that stalls, a proxy that cut
+    it) is answered 408 once it has paused ``body_timeout`` seconds, and one whose sender closed
+    its side 400, each on a connection then closed, where the first waited out the 60-second idle
+    timeout and both were answered 500 with tracebacks in the log. Nothing is changed."""
+    (service,) = start_services(counter_cluster, f"sqlite:///{tmp_path / 'short.db'}", 1)
+    try:
+        with CounterHttpServer(service, "127.0.0.1", 0, body_timeout=1.0) as server:
+            stalled = _post_head(server, b'{"amount": 1}', 20)
+            started = time.monotonic()
+            try:
+                status, headers, answer = _answer(stalled)
+            finally:
+                stalled.close()
+            assert status == 408 and "13 of the 20 bytes" in answer["error"], (status, answer)
+            assert headers["connection"] == "close" and time.monotonic() - started < 10
+            cut = _post_head(server, b'{"amount": 1}', 20)
+            try:
+                cut.shutdown(socket.SHUT_WR)
+                status, headers, answer = _answer(cut)
+            finally:
+                cut.close()
+            assert status == 400 and "13 of the 20 bytes" in answer["error"], (status, answer)
+            assert headers["connection"] == "close"
+            assert call(server, "GET", "/health")[1]["stats"]["increments"] == 0
+    finally:
+        service.close()
+    assert "Traceback" not in capfd.readouterr().err
+    errors = [r for r in caplog.records if r.name.startswith("waltz_examples") and r.levelno >= logging.ERROR]
+    assert errors == [], errors
 
 
 def test_load_generator_and_command_report_a_consistent_run(api: CounterHttpServer) -> None:
