@@ -25,7 +25,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
-from fastapi import FastAPI, HTTPException, Path, Request, Response, status
+from fastapi import FastAPI, HTTPException, Path, Query, Request, Response, status
 from pydantic import BaseModel, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import Engine
@@ -39,6 +39,7 @@ from waltz_examples.wallet.models import Base, Deposit, Wallet, Withdraw
 _Settings = TypeVar("_Settings", bound=BaseSettings)
 
 __all__ = [
+    "REQUEST_ID_PATTERN",
     "Balance",
     "Movement",
     "Receipt",
@@ -51,6 +52,12 @@ __all__ = [
 
 #: Wallet IDs are 63-bit: PostgreSQL's BIGINT.
 WalletId = Annotated[int, Path(ge=0, lt=1 << 63)]
+#: ``?after=``: a transaction ID, a 64-bit mark (-1: none), as the client takes (docs/protocol.md
+#: "Append"); a larger one would be waited for until the request timeout.
+AfterMark = Annotated[int | None, Query(ge=-1, lt=1 << 63, description="a transaction ID to read after")]
+#: Request IDs without control characters (C0, DEL, C1): PostgreSQL's text refuses NUL, so a key
+#: holding one, appended, could never be applied (docs/design/sql.md "Skipping a transaction").
+REQUEST_ID_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
 
 
 class WalletSettings(BaseSettings):
@@ -87,7 +94,14 @@ class Movement(BaseModel):
     amount: int = Field(gt=0, lt=1 << 62, description="cents")
     # The idempotency key it becomes is 1 to 190 characters (docs/sql.md, "Idempotency keys"):
     # a longer one is refused here (422), not by the framework once the request is submitted.
-    request_id: str = Field(min_length=1, max_length=190, description="the caller's ID of the request")
+    # Control characters are refused too (422): NUL would make the change fail to apply on
+    # PostgreSQL for ever, holding back its partition.
+    request_id: str = Field(
+        min_length=1,
+        max_length=190,
+        pattern=REQUEST_ID_PATTERN,
+        description="the caller's ID of the request, without control characters",
+    )
 
 
 class Receipt(BaseModel):
@@ -283,7 +297,7 @@ def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig
         return answer(outcome, response)
 
     @app.get("/wallets/{wallet_id}")
-    async def balance(wallet_id: WalletId, request: Request, after: int | None = None) -> Balance:
+    async def balance(wallet_id: WalletId, request: Request, after: AfterMark = None) -> Balance:
         try:
             found = await wallets(request).balance(wallet_id, after)
         except TimeoutError as error:

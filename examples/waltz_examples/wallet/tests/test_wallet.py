@@ -143,6 +143,32 @@ def test_a_deposit_that_would_overflow_the_balance_is_dropped(
     asyncio.run(main())
 
 
+def test_request_ids_with_control_characters_and_marks_beyond_64_bits_are_refused_with_422(
+    wallet_db: str, wallet_config: WaltzClientConfig
+) -> None:
+    """A request ID with a NUL or another control character (which PostgreSQL's text refuses) and
+    an ``after`` that is no 64-bit transaction ID are the caller's errors, answered 422 at once,
+    where the first was a 500 and the second waited out the request timeout for a 503."""
+    wallet = new_wallet()
+
+    async def main() -> None:
+        async with serving(wallet_db, wallet_config, request_timeout=30.0) as http:
+            for request_id in (f"nul-{wallet}\x00", f"tab-{wallet}\t", f"del-{wallet}\x7f", "\x85"):
+                refused = await move(http, wallet, "deposits", 1, request_id)
+                assert refused.status_code == 422, (request_id, refused.text)
+            paid = await move(http, wallet, "deposits", 3, f"ok-{wallet}-é✓")  # not ASCII, printable
+            assert paid.status_code == 201, paid.text
+            started = time.monotonic()
+            for after in (1 << 63, 99999999999999999999, -2):
+                refused = await http.get(f"/wallets/{wallet}", params={"after": after})
+                assert refused.status_code == 422, (after, refused.text)
+            assert time.monotonic() - started < 10, "a mark beyond 64 bits was waited for"
+            read = await http.get(f"/wallets/{wallet}", params={"after": paid.json()["transaction_id"]})
+            assert read.status_code == 200 and read.json()["balance"] == 3, read.text
+
+    asyncio.run(main())
+
+
 def test_a_restarted_instance_catches_up_before_serving(
     wallet_db: str, wallet_config: WaltzClientConfig, tmp_path: Path
 ) -> None:
