@@ -825,6 +825,101 @@ def test_a_member_dropped_on_what_a_batch_refused_by_its_lock_check_left_runs_ag
     assert service.counter_value(counter_id) == 2
 
 
+class UncheckedIncrement(Increment):
+    """:class:`Increment` that does not read its key before appending: a repeat commits again."""
+
+    checks_idempotency_key = False
+
+
+class UncheckedCreate(CreateCounter):
+    """:class:`CreateCounter` of a request with a key it does not check before appending."""
+
+    checks_idempotency_key = False
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, request_key: str) -> None:
+        super().__init__(callbacks, counter_id)
+        self.request_key = request_key
+
+    def run(self, tx: EntityTransaction) -> bool:
+        tx.idempotency_key = self.request_key
+        return super().run(tx)
+
+
+class DeleteCounter(EntityTransactionContext):
+    """Deletes a counter."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int) -> None:
+        super().__init__(callbacks, (ClusterCounter, counter_id))
+        self.counter_id = counter_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        counter = tx.get(ClusterCounter, self.counter_id)
+        assert counter is not None
+        tx.delete(counter)
+        return True
+
+
+def test_a_request_repeated_without_its_key_checked_counts_once_in_a_batch(service: Service) -> None:
+    """docs/design/sql.md "Idempotency keys": with ``checks_idempotency_key`` off, a repeated
+    request commits again and its apply changes nothing. In a batch, the member after the repeat
+    does not read the row the repeat left (its apply skips it): it runs on its own after the
+    batch, on what the log holds, and the request counts once."""
+    counter_id = service.create_counter()
+    pid = service.partition_of(counter_id)
+    instance = service.first
+    key = f"unchecked-{uuid.uuid4()}"
+    first = instance.client.submit(UncheckedIncrement(instance.callbacks, counter_id, request_key=key))
+    first_id = first.result(TIMEOUT).transaction_id
+    assert first_id is not None and instance.callbacks.wait_for(pid, first_id, timeout=TIMEOUT)
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)  # 1 -> 2
+        head = batcher.submit(gated)  # alone; the two below queue behind it as one batch
+        repeat = batcher.submit(UncheckedIncrement(instance.callbacks, counter_id, request_key=key))
+        other = batcher.submit(Increment(instance.callbacks, counter_id))
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        repeated, after = repeat.result(TIMEOUT), other.result(TIMEOUT)
+    assert repeated.committed and after.committed, (repeated, after)
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3, "the repeated request counted twice"
+
+
+def test_a_member_after_an_unchecked_repeat_of_an_insert_does_not_stall_the_partition(
+    service: Service,
+) -> None:
+    """A repeated create (key not checked) whose apply skips its insert: the member after it in
+    the batch does not update the row the apply never writes (which would fail the batch's apply
+    on every try and stop the partition); it runs on its own after the batch and finds no row."""
+    counter_id = service.create_counter()
+    pid = service.partition_of(counter_id)
+    instance = service.first
+    created_id = service.new_counter_id(pid)
+    key = f"create-{uuid.uuid4()}"
+    for context in (
+        UncheckedCreate(instance.callbacks, created_id, key),
+        DeleteCounter(instance.callbacks, created_id),
+    ):
+        transaction_id = instance.client.submit(context).result(TIMEOUT).transaction_id
+        assert transaction_id is not None
+        assert instance.callbacks.wait_for(pid, transaction_id, timeout=TIMEOUT)
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        head = batcher.submit(gated)  # alone; the two below queue behind it as one batch
+        repeat = batcher.submit(UncheckedCreate(instance.callbacks, created_id, key))
+        other = batcher.submit(Increment(instance.callbacks, created_id))
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        repeated = repeat.result(TIMEOUT)
+        with pytest.raises(LookupError, match="does not exist"):
+            other.result(TIMEOUT)
+    assert repeated.committed and repeated.transaction_id is not None
+    assert instance.callbacks.wait_for(pid, repeated.transaction_id, timeout=TIMEOUT), (
+        f"partition {pid} stopped applying at the batch: {service.uncaught()}"
+    )
+    service.wait_caught_up()
+    assert service.counter_value(created_id) is None
+
+
 class Haunt(EntityTransactionContext):
     """Reads a :class:`Ghost` (same key, so same partition, as a counter)."""
 

@@ -420,10 +420,17 @@ def _follow(
     column's kind, :func:`~waltz.jdbc_style.entity_cache.exact_row`): a later member reading it
     runs on its own.
 
+    Every change of a member whose idempotency key was not checked (``checks_idempotency_key``
+    off) is :data:`CHANGED_IN_BATCH`: its apply skips them when an earlier transaction carried
+    the key, which only the database knows, so no later member may build on them (as the entity
+    cache keeps such rows pending; docs/design/sql.md "Batched entity transactions", "Members
+    that leave").
+
     Raises:
         TypeError: a key value that cannot name a row (unhashable).
     """
     registry = context.callbacks.registry
+    unsure = tx.idempotency_key is not None and not context.checks_idempotency_key
     staged: dict[_Key, Any] = {}
     for change in tx.changes:
         info = registry.by_name(change.entity)
@@ -431,12 +438,15 @@ def _follow(
         if change.operation is Operation.DELETE:
             if key is not None:
                 hash(key)
-                staged[(info, key)] = None
+                staged[(info, key)] = CHANGED_IN_BATCH if unsure else None
             continue
         values = change.values
         if key is None:
             key = tuple(values.get(name) for name in info.key)
         hash(key)
+        if unsure:
+            staged[(info, key)] = CHANGED_IN_BATCH
+            continue
         kinds = batcher.kinds(info, context.callbacks)
         try:
             row = tuple(values[name] for name in info.attributes)
