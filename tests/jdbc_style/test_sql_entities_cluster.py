@@ -825,6 +825,66 @@ def test_a_member_dropped_on_what_a_batch_refused_by_its_lock_check_left_runs_ag
     assert service.counter_value(counter_id) == 2
 
 
+class IncrementIfOpen(Increment):
+    """Increments its counter when counter ``account_id`` (the same partition) is at least 1, else
+    drops; its first ``run`` blocks, once it read both, until ``gate`` is set."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, counter_id: int, account_id: int) -> None:
+        super().__init__(callbacks, counter_id)
+        self.account_id = account_id
+        self.running = threading.Event()
+        self.gate = threading.Event()
+        self.completions: list[bool] = []
+
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        return [*super().prefetch_entities(), (ClusterCounter, self.account_id)]
+
+    def run(self, tx: EntityTransaction) -> bool:
+        counter = tx.get(ClusterCounter, self.counter_id)
+        account = tx.get(ClusterCounter, self.account_id)
+        self.running.set()
+        assert self.gate.wait(TIMEOUT), "the test never opened the gate"
+        assert counter is not None and account is not None
+        if account.value < 1:
+            return tx.drop(f"account {self.account_id} is not open")
+        tx.update(counter, value=counter.value + 1)
+        return True
+
+    def on_completion(self, result: bool) -> None:
+        self.completions.append(result)
+
+
+def test_a_member_dropped_after_others_fails_the_batch_when_what_it_alone_read_was_written(
+    service: Service,
+) -> None:
+    """A member that drops on what an earlier member of its batch left waits for the batch, and
+    what it read is in the batch's lock check: when another instance writes an entity only that
+    member read, after the batch's state, the batch fails its lock check and the member runs
+    again on the newer state (docs/design/sql.md "Batched entity transactions", "Members that
+    leave"), instead of being told "dropped" on a state the log never held."""
+    counter_id = service.create_counter()
+    account_id = service.create_counter(service.partition_of(counter_id))
+    instance, other = service.first, service.second
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)  # counter 0 -> 1
+        head = batcher.submit(gated)  # alone; the two below queue behind it as one batch
+        plain = Increment(instance.callbacks, counter_id)  # 1 -> 2, appended first
+        checking = IncrementIfOpen(instance.callbacks, counter_id, account_id)  # drops: account at 0
+        futures = [batcher.submit(plain), batcher.submit(checking)]
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        assert checking.running.wait(TIMEOUT), "the batch never ran"
+        # Another instance opens the account while the batch's first attempt runs.
+        assert other.client.submit(Increment(other.callbacks, account_id)).result(TIMEOUT).committed
+        checking.gate.set()
+        outcomes = [future.result(TIMEOUT) for future in futures]
+    assert outcomes[1].committed, f"dropped on a state the log never held: {outcomes[1].reason}"
+    assert checking.lock_failures >= 1 and checking.completions == [True]
+    assert outcomes[0].committed
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3 and service.counter_value(account_id) == 1
+
+
 class UncheckedIncrement(Increment):
     """:class:`Increment` that does not read its key before appending: a repeat commits again."""
 

@@ -292,10 +292,11 @@ class _Batch(TransactionContext):
                 self._defer(member)
                 continue
             except Exception as exc:
-                self._end_or_wait(member, exc)
+                size = self._end_or_wait(member, exc, tx, size, read_locks)
                 continue
             if dropped is not None:
-                self._end_or_wait(member, own.dropped_outcome(self._partition_id))
+                outcome = own.dropped_outcome(self._partition_id)
+                size = self._end_or_wait(member, outcome, tx, size, read_locks)
                 continue
             change_set = tx.change_set()
             key = change_set.idempotency_key
@@ -348,14 +349,41 @@ class _Batch(TransactionContext):
             found = find_idempotency_keys(snapshot.connection, cluster_name=callbacks.cluster_name, keys=keys)
         return [(member, found[key]) for member, key in self._keyed if key in found]
 
-    def _end_or_wait(self, member: _Member, result: Outcome | BaseException) -> None:
+    def _end_or_wait(
+        self,
+        member: _Member,
+        result: Outcome | BaseException,
+        tx: EntityTransaction,
+        size: int,
+        read_locks: dict[PartitionLocalLock, None],
+    ) -> int:
         """A member dropped or raised in a pass: it ends at once when it read the state alone (no
-        member appended before it); else it read those members' changes, which the log may still
-        refuse, and its outcome waits for the batch (:meth:`end_provisional`)."""
-        if self.appended:
-            self.provisional.append((member, result))
-        else:
+        member appended before it). Else it read those members' changes, which the log may still
+        refuse, and its outcome waits for the batch (:meth:`end_provisional`); its read and write
+        locks join the batch's ``read_locks``, so that a write after the state's mark to what it
+        read fails the batch's lock check and it runs again (docs/design/sql.md "Batched entity
+        transactions", "Members that leave"). When their hashes would take the batch's bytes past
+        its limit, it waits for the next batch instead.
+
+        Args:
+            size: the batch's bytes so far (data and lock hashes, its framing counted).
+            read_locks: the batch's read locks so far, added to.
+
+        Returns:
+            The batch's bytes with this member's lock hashes (``size`` when it ended or waits for
+            the next batch).
+        """
+        if not self.appended:
             self._end(member, result)
+            return size
+        locks = (*tx.read_locks, *tx.write_locks)
+        grown = size + LOCK_HASH_BYTES * len(locks)
+        if grown > self._batcher.data_limit:
+            self._defer(member)
+            return size
+        read_locks.update(dict.fromkeys(locks))
+        self.provisional.append((member, result))
+        return grown
 
     def end_provisional(self, committed: bool, error: BaseException | None = None) -> None:
         """The batch ended: the members whose outcome waited for it end with it when it
