@@ -648,6 +648,31 @@ def test_a_retry_dropped_on_what_its_first_copy_left_is_answered_as_applied(serv
     assert service.counter_value(counter_id) == 1
 
 
+def test_a_request_twice_in_one_batch_whose_second_copy_drops_is_answered_as_applied(
+    service: Service,
+) -> None:
+    """A request twice in one batch: the second copy, which drops on what the first left (the
+    counter at its cap), waits for the next batch, and ends already applied with the first copy's
+    transaction, not dropped (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    key = f"twice-{uuid.uuid4()}"
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)  # counter 0 -> 1
+        head = batcher.submit(gated)  # alone; the two below queue behind it as one batch
+        copies = [
+            KeyedCappedIncrement(instance.callbacks, counter_id, cap=2, request_key=key) for _ in range(2)
+        ]
+        futures = [batcher.submit(copy) for copy in copies]
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        first, again = (future.result(TIMEOUT) for future in futures)
+    assert first.committed, first
+    assert again.already_applied and again.transaction_id == first.transaction_id, again
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 2
+
+
 def test_batched_increments_from_two_instances_share_log_transactions_and_lose_no_update(
     service: Service,
 ) -> None:

@@ -284,6 +284,7 @@ class _Batch(TransactionContext):
             )
             context.last_transaction = tx
             own = TransactionBuilder(-1)
+            result: Outcome | BaseException | None
             try:
                 dropped = context.run_attempt(tx, own, check_key=False)
             except NotBatchableError as exc:
@@ -292,18 +293,20 @@ class _Batch(TransactionContext):
                 self._defer(member)
                 continue
             except Exception as exc:
-                size = self._end_or_wait(member, exc, tx, size, read_locks)
-                continue
-            if dropped is not None:
-                outcome = own.dropped_outcome(self._partition_id)
-                size = self._end_or_wait(member, outcome, tx, size, read_locks)
-                continue
-            change_set = tx.change_set()
-            key = change_set.idempotency_key
-            if key is not None and key in keys:
-                # A request twice in one batch: once the batch is applied, its check finds it.
+                result = exc
+            else:
+                result = None if dropped is None else own.dropped_outcome(self._partition_id)
+            key = tx.idempotency_key
+            if isinstance(key, str) and key in keys:
+                # A request twice in one batch, whatever this copy's run made of the first copy's
+                # changes (committed, dropped or raised): it waits for the next batch, whose key
+                # check finds the first copy applied.
                 self._defer(member)
                 continue
+            if result is not None:
+                size = self._end_or_wait(member, result, tx, size, read_locks)
+                continue
+            change_set = tx.change_set()
             try:
                 encoded = member_data(change_set)
                 # Its bytes in the batch's data: itself and the comma before it (or, for a change-set
