@@ -18,6 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import decimal
+import pathlib
 import random
 import threading
 import time
@@ -1299,6 +1300,113 @@ def test_a_batch_whose_state_cannot_be_read_ends_every_member_with_the_error(fre
     assert all(error is not None for error in errors), errors
     assert [len(haunt.exceptions) for haunt in haunts] == [1, 1, 1]
     assert batcher.batches == 0
+
+
+class BrokenHint(Increment):
+    """:class:`Increment` whose ``prefetch_entities`` hint raises (alone: its own error)."""
+
+    def prefetch_entities(self) -> list[tuple[type[Any], Any]]:
+        raise KeyError("this member's own hint is broken")
+
+
+def test_a_member_whose_prefetch_hint_raises_fails_alone_and_its_batch_goes_on(service: Service) -> None:
+    """A member whose ``prefetch_entities`` raises ends with that error, as it would alone; the
+    batch reads the others' entities and commits them (docs/design/sql.md "Batched entity
+    transactions", "Members that leave")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        head = batcher.submit(gated)  # alone; the ones below queue behind it as one batch
+        contexts = [
+            BrokenHint(instance.callbacks, counter_id),
+            Increment(instance.callbacks, counter_id),
+            BrokenHint(instance.callbacks, counter_id),
+            Increment(instance.callbacks, counter_id),
+            Increment(instance.callbacks, counter_id),
+        ]
+        futures = [batcher.submit(context) for context in contexts]
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        errors = [futures[i].exception(TIMEOUT) for i in (0, 2)]
+        outcomes = [futures[i].result(TIMEOUT) for i in (1, 3, 4)]
+    assert all(isinstance(error, KeyError) for error in errors), errors
+    assert all(o.committed for o in outcomes) and len({o.transaction_id for o in outcomes}) == 1, outcomes
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 4
+
+
+class OtherBase(DeclarativeBase):
+    pass
+
+
+class Widget(OtherBase):
+    """A model of another service's database, whose table the module's database does not have."""
+
+    __tablename__ = "cluster_widgets"
+    __waltz__ = WaltzEntity("cluster_widget")
+
+    widget_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    touches: Mapped[int] = mapped_column(BigInteger, nullable=False)
+
+
+class TouchWidget(EntityTransactionContext):
+    """Inserts a widget, or counts a touch of it."""
+
+    def __init__(self, callbacks: ChangeSetCallbacks, widget_id: int) -> None:
+        super().__init__(callbacks, (Widget, widget_id))
+        self.widget_id = widget_id
+
+    def run(self, tx: EntityTransaction) -> bool:
+        widget = tx.get(Widget, self.widget_id)
+        if widget is None:
+            tx.insert(Widget, widget_id=self.widget_id, touches=1)
+        else:
+            tx.update(widget, touches=widget.touches + 1)
+        return True
+
+
+@pytest.fixture
+def other_callbacks(tmp_path: pathlib.Path) -> Iterator[ChangeSetCallbacks]:
+    """Change-set callbacks of another database (its own SQLite file, :class:`Widget` its model)."""
+    engine = create_framework_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    try:
+        upgrade(engine)
+        OtherBase.metadata.create_all(engine)
+        yield ChangeSetCallbacks(
+            engine,
+            cluster_name=f"other-{support.unique_suffix()}",
+            registry=EntityRegistry.from_base(OtherBase),
+        )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("entity_cache", [True], ids=["entity-cache"], indirect=True, scope="module")
+def test_a_member_of_another_database_is_not_read_in_the_batch_s_and_runs_alone(
+    service: Service, other_callbacks: ChangeSetCallbacks
+) -> None:
+    """A member of other callbacks (another database) runs alone after the batch: its entities are
+    not read in the first member's database, where its table does not exist, so the batch's
+    members commit and so does it (docs/design/sql.md "Batched entity transactions")."""
+    counter_id = service.create_counter()
+    instance = service.first
+    widget_id = service.new_counter_id(service.partition_of(counter_id))
+    with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:
+        gated = Gated(instance.callbacks, counter_id)
+        head = batcher.submit(gated)  # alone; the ones below queue behind it as one batch
+        futures = [
+            batcher.submit(Increment(instance.callbacks, counter_id)),
+            batcher.submit(TouchWidget(other_callbacks, widget_id)),
+            batcher.submit(Increment(instance.callbacks, counter_id)),
+        ]
+        gated.gate.set()
+        assert head.result(TIMEOUT).committed
+        first, other, last = (future.result(TIMEOUT) for future in futures)
+    assert first.committed and last.committed and first.transaction_id == last.transaction_id
+    assert other.committed and other.transaction_id != first.transaction_id, other
+    service.wait_caught_up()
+    assert service.counter_value(counter_id) == 3
 
 
 class Padded(Increment):

@@ -211,12 +211,13 @@ class _Batch(TransactionContext):
             raise
 
     def _execute(self, members: list[_Member], builder: TransactionBuilder) -> bool:
+        members, entities = self._attempt_entities(members)
+        if not members:
+            self.members = []
+            return False
         first = members[0].context
-        entities: dict[_Key, None] = {}
-        for member in members:
-            entities.update(dict.fromkeys(member.context.attempt_entities()))
         with contextlib.ExitStack() as stack:
-            snapshot = first.open_attempt_state(stack, list(entities))
+            snapshot = first.open_attempt_state(stack, entities)
             # The members' keys are checked together after a pass; a pass that finds one applied
             # before ends that member and runs the others again on the same state (rare: a
             # request sent again), at most once per member.
@@ -246,6 +247,35 @@ class _Batch(TransactionContext):
         builder.set_write_locks(list(write_locks))
         builder.set_read_locks([lock for lock in read_locks if lock not in write_locks])
         return True
+
+    def _attempt_entities(self, members: list[_Member]) -> tuple[list[_Member], list[_Key]]:
+        """The members an attempt runs and the entities its state reads: each member's
+        :meth:`~waltz.jdbc_style.EntityTransactionContext.attempt_entities`, once each, of those
+        with the first's callbacks (the others run alone after the batch, in their own database:
+        docs/design/sql.md "Batched entity transactions", "Members that leave"). A member whose
+        ``attempt_entities`` (its ``prefetch_entities``) raises ends with that error, as it would
+        alone, and the batch goes on without it.
+
+        Returns:
+            The members still in the attempt, in their order, and the entities to read.
+        """
+        kept: list[_Member] = []
+        entities: dict[_Key, None] = {}
+        callbacks: ChangeSetCallbacks | None = None
+        for member in members:
+            context = member.context
+            if callbacks is not None and context.callbacks is not callbacks:
+                kept.append(member)  # another database: the pass leaves it for after the batch
+                continue
+            try:
+                wanted = context.attempt_entities()
+            except Exception as exc:  # its own hint's error: its end, not the batch's
+                self._end(member, exc)
+                continue
+            callbacks = context.callbacks
+            entities.update(dict.fromkeys(wanted))
+            kept.append(member)
+        return kept, list(entities)
 
     def _still_in(self, members: list[_Member]) -> list[_Member]:
         """Of ``members``, in their order, those the last pass appended or whose outcome waits
