@@ -106,19 +106,22 @@ def test_a_killed_waltz_up_leaves_no_node_running(tmp_path: Path) -> None:
 
 def test_a_failed_start_keeps_the_temporary_directory_its_error_names() -> None:
     """The error of a start that failed names a log in the temporary work directory, and says that
-    the directory is kept: the log it names is there to read."""
+    the directory is kept: the log it names is there to read. The server fails for certain: the
+    environment it inherits gives it a setting it refuses."""
     argv = [sys.executable, "-m", "waltz", "up", "--storages", "1", "--servers", "1", "--partitions", "1"]
     result = subprocess.run(
-        [*argv, "--insecure", "--no-zookeeper-auth", "--timeout", "1"],
+        [*argv, "--insecure", "--no-zookeeper-auth"],
         capture_output=True,
         text=True,
         timeout=START_TIMEOUT,
         check=False,
+        env={**os.environ, "WALTZ_SERVER_LOCK_TABLE_SIZE": "-1"},
     )
     found = re.search(r"its temporary work directory (\S+), with every log, is kept", result.stderr)
     named = re.search(r"\((/tmp/waltz-local-[^/]+)/\S+\.log\)", result.stderr)
     try:
         assert result.returncode == 1, result.stderr
+        assert "server-0 exited with code 2" in result.stderr, result.stderr
         assert named is not None, result.stderr
         assert found is not None and found.group(1) == named.group(1), result.stderr
         assert Path(named.group(1)).is_dir(), result.stderr
