@@ -190,11 +190,13 @@ def test_a_split_cut_from_zookeeper_resumes_and_aborts_only_before_a_parent_is_s
             SplitRun(admin.cluster).abort(4)
         assert snapshot(admin) == before
 
-        # Another count is refused, naming the split under way; nothing written.
+        # Another count is refused, naming the split under way; nothing written. With a parent
+        # sealing, the refusal offers no abort (it would be refused): only the way forward.
         with pytest.raises(
             SplitStateError, match=r"the split to epoch 1 \(2 -> 4 partitions\) is unfinished"
-        ):
+        ) as other:
             SplitRun(admin.cluster).run(8)
+        assert "--abort" not in str(other.value) and "only goes forward" in str(other.value)
         assert snapshot(admin) == before
 
         # The same command resumes: every parent sealed by its owner, every child opened and
@@ -308,6 +310,11 @@ def test_only_the_operators_with_an_admin_certificate_may_split_and_every_parent
         # Planning it (the dry run's step 1) is not refused: the plan's notes say what a run needs.
         check = SplitRun(operator.cluster, tls=certificates.tls("operator")).check(4, planning=True)
         assert any("urn:waltz:role:admin" in note for note in check.notes), check.notes
+        # Nor is an abort's dry run, which writes nothing either.
+        planned = SplitRun(operator.cluster, tls=certificates.tls("operator")).abort(4, dry_run=True)
+        assert any("urn:waltz:role:admin" in note for note in planned.notes), planned.notes
+        with pytest.raises(SplitNotAuthorisedError, match="urn:waltz:role:admin"):
+            SplitRun(operator.cluster, tls=certificates.tls("operator")).abort(4)
         assert snapshot(operator) == untouched
         assert check_authority(operator.cluster, certificates.tls("admin")) == ()
         assert snapshot(operator) == untouched

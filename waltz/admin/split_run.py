@@ -259,11 +259,16 @@ class SplitRun:
         if current.count == count:
             return current
         if current.unfinished:
+            # An abort is offered only while it would be taken: no parent is sealing yet.
+            abort = (
+                f", or abort it with `--to {current.count} --abort`"
+                if current.state is EpochState.PREPARING
+                else " (its parents are sealing: it only goes forward)"
+            )
             raise SplitStateError(
                 f"the split to epoch {current.number} ({current.previous_count} -> {current.count} "
                 f"partitions) is unfinished ({current.state.value}): finish it with `waltz cluster "
-                f"split --to {current.count}`, or abort it with `--to {current.count} --abort` while no "
-                f"parent is sealing, before splitting to {count}. Nothing was written"
+                f"split --to {current.count}`{abort}, before splitting to {count}. Nothing was written"
             )
         return None
 
@@ -543,7 +548,7 @@ class SplitRun:
                 split is complete; another split, to another count, is unfinished.
             ZooKeeperUnavailableError: ZooKeeper went away (running the abort again finishes it).
         """
-        notes = check_authority(self.cluster, self.tls)
+        notes = check_authority(self.cluster, self.tls, planning=dry_run)
         value = self.epochs.read().value
         current = value.current
         if current is None or current.count != count:

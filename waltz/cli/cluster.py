@@ -439,8 +439,9 @@ def split(
         typer.Option(
             "--wait",
             min=0.0,
-            help="Seconds to wait, in all, for the parents' owners to write their barriers; the split "
-            "then stays where it stands, and the same command resumes it.",
+            help="Seconds to wait, in all, for the parents' owners to write their barriers and the new "
+            "partitions' owners their geneses; the split then stays where it stands (exit 3), and the "
+            "same command resumes it.",
         ),
     ] = 60.0,
     json_output: JsonOption = False,
