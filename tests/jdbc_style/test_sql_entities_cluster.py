@@ -886,8 +886,8 @@ def test_a_member_dropped_after_others_fails_the_batch_when_what_it_alone_read_w
     """A member that drops on what an earlier member of its batch left waits for the batch, and
     what it read is in the batch's lock check: when another instance writes an entity only that
     member read, after the batch's state, the batch fails its lock check and the member runs
-    again on the newer state (docs/design/sql.md "Batched entity transactions", "Members that
-    leave"), instead of being told "dropped" on a state the log never held."""
+    again on the newer state (docs/design/sql.md "Batched entity transactions", its members that
+    leave), instead of being told "dropped" on a state the log never held."""
     counter_id = service.create_counter()
     account_id = service.create_counter(service.partition_of(counter_id))
     instance, other = service.first, service.second
@@ -1312,7 +1312,7 @@ class BrokenHint(Increment):
 def test_a_member_whose_prefetch_hint_raises_fails_alone_and_its_batch_goes_on(service: Service) -> None:
     """A member whose ``prefetch_entities`` raises ends with that error, as it would alone; the
     batch reads the others' entities and commits them (docs/design/sql.md "Batched entity
-    transactions", "Members that leave")."""
+    transactions", its members that leave)."""
     counter_id = service.create_counter()
     instance = service.first
     with EntityBatcher(instance.client, max_in_flight_alone=0, linger=0) as batcher:

@@ -252,7 +252,7 @@ class _Batch(TransactionContext):
         """The members an attempt runs and the entities its state reads: each member's
         :meth:`~waltz.jdbc_style.EntityTransactionContext.attempt_entities`, once each, of those
         with the first's callbacks (the others run alone after the batch, in their own database:
-        docs/design/sql.md "Batched entity transactions", "Members that leave"). A member whose
+        docs/design/sql.md "Batched entity transactions", its members that leave). A member whose
         ``attempt_entities`` (its ``prefetch_entities``) raises ends with that error, as it would
         alone, and the batch goes on without it.
 
@@ -395,7 +395,7 @@ class _Batch(TransactionContext):
         refuse, and its outcome waits for the batch (:meth:`end_provisional`); its read and write
         locks join the batch's ``read_locks``, so that a write after the state's mark to what it
         read fails the batch's lock check and it runs again (docs/design/sql.md "Batched entity
-        transactions", "Members that leave"). When their hashes would take the batch's bytes past
+        transactions", its members that leave). When their hashes would take the batch's bytes past
         its limit, it waits for the next batch instead.
 
         Args:
@@ -484,8 +484,8 @@ def _follow(
     Every change of a member whose idempotency key was not checked (``checks_idempotency_key``
     off) is :data:`CHANGED_IN_BATCH`: its apply skips them when an earlier transaction carried
     the key, which only the database knows, so no later member may build on them (as the entity
-    cache keeps such rows pending; docs/design/sql.md "Batched entity transactions", "Members
-    that leave").
+    cache keeps such rows pending; docs/design/sql.md "Batched entity transactions", its members
+    that leave).
 
     Raises:
         TypeError: a key value that cannot name a row (unhashable).
