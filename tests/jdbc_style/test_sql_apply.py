@@ -271,6 +271,32 @@ def test_create_framework_engine_takes_a_url_object_as_it_takes_its_text(db_url:
         engine.dispose()
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app:s3cret@127.0.0.1:notaport/app",  # the port is not a number
+        "postgresql+psycopg://app:s3cret/app",  # no host: the password is read as the port
+        "app:s3cret at db/app",  # does not parse: no dialect
+    ],
+)
+def test_a_url_that_does_not_parse_is_refused_without_its_password(url: str) -> None:
+    """``create_framework_engine`` (and the migrations, which parse the same way) refuse a URL
+    that does not parse with ``DatabaseUrlError``, an ``ArgumentError`` and a ``ValueError``
+    whose message, and chained causes, never quote the URL."""
+    from sqlalchemy.exc import ArgumentError
+
+    from waltz.jdbc_style import migrations_api
+    from waltz.jdbc_style.engine import DatabaseUrlError
+
+    for call in (create_framework_engine, migrations_api.current):
+        with pytest.raises(DatabaseUrlError) as refused:
+            call(url)
+        assert isinstance(refused.value, ArgumentError) and isinstance(refused.value, ValueError)
+        said = [str(refused.value), repr(refused.value.__cause__), repr(refused.value.__context__)]
+        assert not any("s3cret" in text for text in said), said
+        assert "not shown: it may hold a password" in str(refused.value)
+
+
 #: Statements that end or open a transaction behind what the database skips: comments,
 #: semicolons, and where the database runs a comment's text (MySQL's and MariaDB's ``/*!``) that.
 HIDDEN_STATEMENTS = {

@@ -36,12 +36,13 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, Connection, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
 from waltz.errors import ApplyContractError, AsyncEngineError
 
 __all__ = [
     "SQLITE_BEGIN",
+    "DatabaseUrlError",
     "apply_guard",
     "create_framework_engine",
     "emits_sqlite_begin",
@@ -253,6 +254,32 @@ def refuse_async(engine: object) -> None:
         )
 
 
+class DatabaseUrlError(ArgumentError, ValueError):
+    """A database URL that does not parse, or whose port is not a number. Its message never
+    quotes the URL, which may hold a password (SQLAlchemy's own errors quote it, and take a
+    password for the port when the host is left out); a subclass of both errors SQLAlchemy raises
+    for it, so that their handlers still catch it."""
+
+
+def parse_database_url(url: str | URL) -> URL:
+    """``sqlalchemy.engine.make_url`` without the URL's text in its errors.
+
+    Raises:
+        DatabaseUrlError: the URL does not parse, or its port is not a number.
+    """
+    if isinstance(url, URL):
+        return url
+    try:
+        return make_url(url)
+    except ValueError:  # int() of the port: its text, or the password when the host is left out
+        problem = "its port is not a number"
+    except ArgumentError:
+        problem = "it does not parse (dialect+driver://user:password@host:port/database)"
+    raise DatabaseUrlError(
+        f"the database URL is not a URL SQLAlchemy takes: {problem} (not shown: it may hold a password)"
+    )
+
+
 def refuse_async_bind(bind: object) -> None:
     """Refuse an asyncio database where the framework works synchronously (its migrations): an
     ``AsyncEngine``, an asyncio driver's engine or connection, or a URL naming an asyncio driver
@@ -260,10 +287,11 @@ def refuse_async_bind(bind: object) -> None:
 
     Raises:
         AsyncEngineError: an asyncio database; the message names the synchronous URL to use.
-        sqlalchemy.exc.ArgumentError: a URL that does not parse, or names an unknown driver.
+        DatabaseUrlError: a URL that does not parse, or whose port is not a number.
+        sqlalchemy.exc.ArgumentError: a URL that names an unknown driver.
     """
     if isinstance(bind, str | URL):
-        parsed = make_url(bind)
+        parsed = parse_database_url(bind)
         if parsed.get_dialect().is_async:
             raise AsyncEngineError(
                 f"the asyncio URL {parsed.render_as_string(hide_password=True)!r}", _sync_url(parsed)
@@ -329,12 +357,13 @@ def create_framework_engine(url: str | URL, **kwargs: Any) -> Engine:
     Raises:
         AsyncEngineError: ``url`` names an asyncio driver (``+psycopg_async``, ``+asyncpg``,
             ``+aiosqlite``, ...): the message gives the synchronous URL to pass instead.
-        sqlalchemy.exc.ArgumentError: the URL does not parse, or names an unknown dialect or
-            driver (``NoSuchModuleError``).
-        ValueError: the URL's port is not a number.
+        DatabaseUrlError: the URL does not parse, or its port is not a number (an
+            ``ArgumentError`` and a ``ValueError``; the message does not quote the URL).
+        sqlalchemy.exc.ArgumentError: the URL names an unknown dialect or driver
+            (``NoSuchModuleError``).
     """
     refuse_async_bind(url)
-    if make_url(url).get_backend_name() != "sqlite":
+    if parse_database_url(url).get_backend_name() != "sqlite":
         kwargs.setdefault("pool_pre_ping", True)  # a server may have closed pooled connections
         # Room for the framework's threads of one instance: an apply worker per partition,
         # snapshots of first attempts and re-attempts, the connections the callbacks keep.
