@@ -196,6 +196,32 @@ def test_concurrent_starts_make_one_client_and_apply_each_transaction_once(
     assert store.calls[0] == committed, "the append was given to apply_transaction more than once"
 
 
+def test_a_close_while_a_start_is_under_way_leaves_no_client_started(
+    cluster: LocalCluster, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """``close`` awaited while ``start`` is still making the client (connecting on its thread)
+    waits for that start and closes what it made: every client started is closed when ``close``
+    returns. Before, ``close`` found no client yet and returned, and the start then left a client
+    started, mounted and applying, that nobody would close."""
+    config = WaltzClientConfig(**cluster.client_settings())
+    store = MemoryStore(log_start)
+    caplog.set_level(logging.INFO, logger="waltz.client.core")
+
+    async def main() -> None:
+        client = AsyncWaltzClient(store, config)
+        starting = asyncio.create_task(client.start())
+        await asyncio.sleep(0)  # the start holds its lock and is making the client on a thread
+        await client.close()
+        await starting
+        said = [r.getMessage() for r in caplog.records if r.name == "waltz.client.core"]
+        started = {m.split()[2] for m in said if re.match(r"Waltz client \d+ started", m)}
+        closed = {m.split()[2] for m in said if re.match(r"Waltz client \d+ closed", m)}
+        assert started and closed == started, said
+        await client.close()  # idempotent
+
+    _run_bounded(main, 120)
+
+
 class _HeldApplyStore(MemoryStore):
     """A :class:`MemoryStore` whose ``apply_transaction`` waits until ``go`` is set: this client's
     commits stay unapplied, so a new context waits to read its own writes."""

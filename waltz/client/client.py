@@ -561,9 +561,13 @@ class AsyncWaltzClient:
         await self._core.wait_until_mounted_async(check_limit(timeout, "wait_mounted timeout"), ids)
 
     async def close(self) -> None:
-        """As :meth:`WaltzClient.close`. Idempotent."""
-        if self._core_or_none is not None:
-            await asyncio.to_thread(self._core_or_none.close)
+        """As :meth:`WaltzClient.close`. Idempotent. A :meth:`start` under way is waited for, and
+        the client it makes closed (docs/design/client.md "WaltzClient and AsyncWaltzClient"): no
+        client is left started behind a close."""
+        async with self._starting:
+            core = self._core_or_none
+        if core is not None:
+            await asyncio.to_thread(core.close)
 
 
 async def _made_on_a_thread(make: Callable[[], T], discard: Callable[[T], object]) -> T:
