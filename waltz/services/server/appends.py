@@ -20,6 +20,7 @@ from waltz.protocol.split_records import SPLIT_RECORD_HEADER
 __all__ = [
     "DEFAULT_MAX_LOCK_HASHES_PER_APPEND",
     "DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE",
+    "MAX_ROWS_PER_MESSAGE",
     "AppendRow",
     "LockHashLimits",
     "append_rows",
@@ -32,6 +33,11 @@ DEFAULT_MAX_LOCK_HASHES_PER_APPEND = 4_096
 #: Lock hashes one ``AppendRequest`` or ``AppendRequests`` message may carry by default
 #: (``server.maxLockHashesPerMessage``).
 DEFAULT_MAX_LOCK_HASHES_PER_MESSAGE = 16_384
+#: Rows one ``AppendRequests`` message may carry: five times the most a waltz-py client puts in
+#: one (its stream messages hold at most 2,000 protocol messages), so that a server builds a
+#: bounded number of rows at once (docs/design/server.md, "Bounds on what a peer costs"); a
+#: longer message is refused whole, before any row is built.
+MAX_ROWS_PER_MESSAGE = 10_000
 
 
 class LockHashLimits(NamedTuple):
@@ -130,10 +136,16 @@ def append_rows(
     Raises:
         ValueError: the columns are empty or differ in length, a kind of lock hashes does not
             match its counts, there are trace contexts but not one per row, or the message
-            carries more than ``limits.per_message`` lock hashes (the message says what);
-            nothing of the message should be appended.
+            carries more than ``limits.per_message`` lock hashes or more than
+            :data:`MAX_ROWS_PER_MESSAGE` rows (the message says what); nothing of the message
+            should be appended.
     """
     limits = limits or LockHashLimits()
+    if len(message.seq_nums) > MAX_ROWS_PER_MESSAGE:
+        raise ValueError(
+            f"it carries {len(message.seq_nums)} rows, more than the {MAX_ROWS_PER_MESSAGE} a server "
+            "takes in one message: send the appends in several messages"
+        )
     hash_count = (
         len(message.write_lock_hashes) + len(message.read_lock_hashes) + len(message.append_lock_hashes)
     )

@@ -36,10 +36,15 @@ MAX_CONNECTION_BACKLOG = 50_000
 #: Mounts, flushes and high-water-mark requests of one connection waiting at once, above which
 #: the server reads no more of its requests until one is answered.
 MAX_CONNECTION_TASKS = 1_000
-#: Protocol messages of one stream message handled in one turn of the event loop, after which the
-#: server lets other connections' requests run before it goes on: a stream message of 10,000
-#: flushes does not hold up other partitions (docs/design/server.md, "Bounds on what a peer costs").
-MESSAGES_PER_TURN = 256
+#: Work of one connection done in one turn of the event loop, after which the server lets other
+#: connections' requests run before it goes on (docs/design/server.md, "Bounds on what a peer
+#: costs"). Counted as :data:`MESSAGE_WORK` per protocol message, one per append row and one per
+#: lock hash: a stream message of 10,000 flushes, of 10,000-row appends dropped or refused, or of
+#: appends of 4,096 lock hashes each, does not hold up other partitions.
+WORK_PER_TURN = 4096
+#: The work counted for one protocol message (besides its rows and lock hashes): 256 messages of
+#: no rows make a turn.
+MESSAGE_WORK = 16
 
 _connection_ids = itertools.count(1)
 
@@ -65,6 +70,9 @@ class _Connection:
         self._batch_count = 0  # messages in _batch
         self._batch_entries = 0  # protocol messages in _batch, each feed entry counted
         self._queued = 0
+        # Work left in this turn of the event loop (WORK_PER_TURN; docs/design/server.md,
+        # "Bounds on what a peer costs").
+        self.budget = WORK_PER_TURN
         self._ready = asyncio.Event()
         self.closed = False
         self.error: str | None = None  # why reading the client's stream failed, if it did
@@ -106,6 +114,17 @@ class _Connection:
         while self._queued > MAX_CONNECTION_BACKLOG // 2 and not self.closed:
             self._drained.clear()
             await self._drained.wait()
+
+    async def take_turn(self) -> None:
+        """Let other connections run when this one's work in the turn is spent, and wait for its
+        backlog to drain when it is over :data:`MAX_CONNECTION_BACKLOG` (docs/design/server.md,
+        "Bounds on what a peer costs")."""
+        if self._queued > MAX_CONNECTION_BACKLOG:
+            await self.drained()  # its drain gave the others their turns
+            self.budget = WORK_PER_TURN
+        if self.budget <= 0:
+            self.budget = WORK_PER_TURN
+            await asyncio.sleep(0)
 
     def end(self) -> None:
         """End :meth:`batches` (the server stops): what is queued is not sent."""
@@ -214,10 +233,11 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         try:
             async for batch in request_iterator:
                 partitions = self._partitions()  # the partitions owned now (for this message)
-                for index, message in enumerate(batch.messages):
-                    if index and index % MESSAGES_PER_TURN == 0:
-                        await asyncio.sleep(0)  # other connections' turn
+                for message in batch.messages:
+                    if connection.budget <= 0:
+                        await connection.take_turn()  # other connections' turn
                         partitions = self._partitions()
+                    connection.budget -= MESSAGE_WORK
                     if connection.backlog() > MAX_CONNECTION_BACKLOG or len(tasks) >= MAX_CONNECTION_TASKS:
                         # A peer that does not read its answers, or asks faster than they come:
                         # stop reading it (gRPC flow control slows it) until it catches up.
@@ -285,6 +305,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
                 connection.send(_error(req_id, refusal))
                 return None
             row = AppendRow.from_proto(body)
+            connection.budget -= _row_work(row)
             if not partition.append_now(connection, row, seq):
                 return partition.append(connection, row, seq)
         elif kind == "mount":
@@ -312,7 +333,9 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
     ) -> Coroutine[Any, Any, None] | None:
         """Append the rows of an ``AppendRequests`` in order (``docs/protocol.md`` "Appends"), as
         many ``AppendRequest`` messages would be; returns what to await before the next message
-        when a row has to wait (the rows after it wait too)."""
+        when a row has to wait (the rows after it wait too), or when the connection's work in this
+        turn is spent or its backlog is full before the last row (docs/design/server.md, "Bounds
+        on what a peer costs")."""
         if (message.partition_id, message.client_id) not in connection.mounts:
             connection.send(_error(None, _not_mounted(message.client_id, message.partition_id)))
             return None
@@ -329,13 +352,14 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return None
         for row, reason in refused:
             connection.send(_error(row.req_id.to_proto(), reason))
+        connection.budget -= len(refused)
         if not rows:
             return None
         seq = connection.network_seq.get(message.partition_id, -1)
-        append_now = partition.append_now
-        for index, row in enumerate(rows):
-            if not append_now(connection, row, seq):
-                return _append_in_turn(partition, connection, rows[index:], seq)
+        locked = bool(message.write_lock_hashes or message.read_lock_hashes or message.append_lock_hashes)
+        index = _append_now(partition, connection, rows, 0, seq, locked)
+        if index < len(rows):
+            return _append_rest(partition, connection, rows, index, seq, locked)
         return None
 
     async def _data_range(
@@ -403,15 +427,59 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
         )
 
 
-async def _append_in_turn(
-    partition: Partition, connection: _Connection, rows: list[AppendRow], network_seq: int
+def _row_work(row: AppendRow) -> int:
+    """The work one append counts in a turn (:data:`WORK_PER_TURN`): one, plus its lock hashes."""
+    return 1 + len(row.write_hashes) + len(row.read_hashes) + len(row.append_hashes)
+
+
+def _append_now(
+    partition: Partition,
+    connection: _Connection,
+    rows: list[AppendRow],
+    index: int,
+    network_seq: int,
+    locked: bool,
+) -> int:
+    """Append ``rows`` from ``index`` on while none has to wait, the connection's turn lasts and
+    its backlog is within :data:`MAX_CONNECTION_BACKLOG`; returns the index of the first row not
+    appended (``len(rows)`` when every one was). ``locked``: some row carries lock hashes (each
+    counted as work); a row costs a counter otherwise."""
+    append_now = partition.append_now
+    end = len(rows)
+    budget = connection.budget
+    while index < end and budget > 0 and connection.backlog() <= MAX_CONNECTION_BACKLOG:
+        row = rows[index]
+        if not append_now(connection, row, network_seq):
+            break
+        budget -= _row_work(row) if locked else 1
+        index += 1
+    connection.budget = budget
+    return index
+
+
+async def _append_rest(
+    partition: Partition,
+    connection: _Connection,
+    rows: list[AppendRow],
+    index: int,
+    network_seq: int,
+    locked: bool,
 ) -> None:
-    """Append rows one after the other, each waiting as it needs (recovery, room in the store);
-    the rest is dropped if the partition closes meanwhile."""
-    for row in rows:
-        if partition.closed:
-            return
-        await partition.append(connection, row, network_seq)
+    """Append ``rows`` from ``index`` on (where :func:`_append_now` stopped), in order: each waits
+    as it needs (recovery, room in the store), and other connections get their turn when this
+    one's work is spent or its backlog is full (docs/design/server.md, "Bounds on what a peer
+    costs"); the rest is dropped if the partition or the connection closes meanwhile."""
+    while index < len(rows) and not partition.closed and not connection.closed:
+        if connection.budget <= 0 or connection.backlog() > MAX_CONNECTION_BACKLOG:
+            await connection.take_turn()
+        else:  # the row has to wait for the partition's recovery or room in its store
+            row = rows[index]
+            await partition.append(connection, row, network_seq)
+            connection.budget -= _row_work(row)
+            index += 1
+            if partition.closed:
+                return
+        index = _append_now(partition, connection, rows, index, network_seq, locked)
 
 
 def _mount_refusal(connection: _Connection, req_id: common_pb2.ReqId) -> str | None:
