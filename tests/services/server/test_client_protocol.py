@@ -458,6 +458,29 @@ def test_a_late_mount_replays_the_feed_and_drops_the_older_connection(cluster: L
     run(scenario())
 
 
+def test_a_mount_below_nothing_applied_is_refused_under_its_req_id(cluster: LocalCluster) -> None:
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        client = RawClient(endpoint, 250, generation)
+        try:
+            for mark in (-2, -1000):
+                refused = client.mount(mark)
+                error = await client.next("error")
+                assert error.error.req_id == refused
+                assert f"client_high_water_mark must be at least -1 (nothing applied yet), got {mark}" in (
+                    error.error.message
+                )
+                await client.nothing_more()  # no mount response, no feed
+            # The connection still mounts with a mark a client can hold.
+            client.mount(-1)
+            assert (await client.next("mount")).mount.partition_ready
+        finally:
+            await client.close()
+
+    run(scenario())
+
+
 def test_the_feed_window_bounds_a_mount_and_grants_resume_it(cluster: LocalCluster) -> None:
     """docs/protocol.md "Feed window": parked at the window end, in catch-up and in realtime."""
     endpoint, generation = cluster.owner(0), generation_of(cluster)

@@ -276,7 +276,7 @@ class WaltzServerServicer(client_pb2_grpc.WaltzServerServiceServicer):
             return self._dispatch_appends(connection, body, partitions)
         req_id = body.req_id
         if kind == "mount":
-            refusal = _mount_refusal(connection, req_id)
+            refusal = _mark_refusal(body) or _mount_refusal(connection, req_id)
             if refusal is not None:
                 connection.send(_error(req_id, refusal))
                 return None
@@ -480,6 +480,18 @@ async def _append_rest(
             if partition.closed:
                 return
         index = _append_now(partition, connection, rows, index, network_seq, locked)
+
+
+def _mark_refusal(request: client_pb2.MountRequest) -> str | None:
+    """Why a mount's high-water mark is not one a client can hold (below -1, "nothing applied"),
+    or None (``docs/protocol.md`` "Mount")."""
+    mark = request.client_high_water_mark
+    if mark >= -1:
+        return None
+    return (
+        f"client_high_water_mark must be at least -1 (nothing applied yet), got {mark}: mount with the "
+        "ID of the last transaction the client applied"
+    )
 
 
 def _mount_refusal(connection: _Connection, req_id: common_pb2.ReqId) -> str | None:
