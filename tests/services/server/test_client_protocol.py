@@ -609,3 +609,40 @@ def test_appends_wait_while_the_store_holds_the_byte_budget(tmp_path: Path, zook
             line for line in text.splitlines() if line.startswith("waltz_server_partition_store_batches")
         ]
         assert batches and float(batches[0].split()[-1]) >= 30, batches
+
+
+UNREADABLE = b"\xff\xff\xff\xff\x0f\x01\x02"  # not a protobuf message: a field tag that does not parse
+
+
+def test_unreadable_unary_and_admin_requests_are_refused_as_invalid_arguments(cluster: LocalCluster) -> None:
+    async def unary(endpoint: str, method: str) -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            call = channel.unary_unary(method)  # raw bytes in, raw bytes out
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(UNREADABLE, timeout=10)
+        return refused.value
+
+    async def stream(endpoint: str, method: str) -> grpc.aio.AioRpcError:
+        async def requests() -> AsyncIterator[bytes]:
+            yield UNREADABLE
+            await asyncio.sleep(10)  # the answer comes before
+
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            call = channel.stream_stream(method)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in call(requests(), timeout=10):
+                    pass
+        return refused.value
+
+    async def scenario() -> None:
+        server = cluster.owner(0)
+        for method in ("GetTransactionData", "GetTransactionDataRange"):
+            refused = await unary(server, f"/waltz.client.WaltzServerService/{method}")
+            assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, (method, refused)
+            assert "unreadable request: DecodeError" in (refused.details() or ""), (method, refused)
+        admin = cluster.storages[0].admin_address
+        refused = await stream(admin, "/waltz.storage.StorageAdminService/Session")
+        assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT, refused
+        assert "unreadable admin request stream" in (refused.details() or "")
+
+    run(scenario())

@@ -33,6 +33,7 @@ from waltz.protocol import client_pb2_grpc, server_pb2, server_pb2_grpc
 from waltz.protocol.channels import bind_port, server_credentials, server_options
 from waltz.protocol.records import Record, ReqId
 from waltz.protocol.roles import ADMIN_ROLES, OPERATOR_ROLES, authorize
+from waltz.protocol.unreadable_requests import UnreadableRequests
 from waltz.services.certificate_expiry import watch_certificates
 from waltz.services.exposure import is_loopback
 from waltz.services.http import HealthHttpServer, server_ssl_context
@@ -215,7 +216,7 @@ class ServerApp:
 
     async def _start_grpc(self) -> None:
         config = self.config
-        server = grpc.aio.server(options=server_options())
+        server = grpc.aio.server(options=server_options(), interceptors=[UnreadableRequests()])
         server_pb2_grpc.add_ServerAdminServiceServicer_to_server(ServerAdminServicer(self), server)
         self._client_service = WaltzServerServicer(lambda: self.partitions, config.lock_hash_limits())
         client_pb2_grpc.add_WaltzServerServiceServicer_to_server(self._client_service, server)

@@ -98,7 +98,21 @@ class StorageAdminServicer(storage_pb2_grpc.StorageAdminServiceServicer):
         await authorize(context, OPERATOR_ROLES, "the storage admin service", request_iterator)
         roles = peer_roles(context)
         opened = False
-        async for batch in request_iterator:
+        iterator = request_iterator.__aiter__()
+        while True:
+            try:
+                batch = await iterator.__anext__()
+            except StopAsyncIteration:
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # bytes gRPC could not parse: say so, as the Session of stores does
+                log.info("admin stream from %s ended: %s", context.peer(), exc)
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"unreadable admin request stream: {type(exc).__name__}: {exc}",
+                )
+                raise AssertionError("unreachable") from exc  # abort raises
             responses = []
             for request in batch.requests:
                 kind = request.WhichOneof("body")
