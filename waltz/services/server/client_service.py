@@ -37,10 +37,11 @@ MAX_CONNECTION_BACKLOG = 50_000
 #: the server reads no more of its requests until one is answered.
 MAX_CONNECTION_TASKS = 1_000
 #: Work of one connection done in one turn of the event loop, after which the server lets other
-#: connections' requests run before it goes on (docs/design/server.md, "Bounds on what a peer
-#: costs"). Counted as :data:`MESSAGE_WORK` per protocol message, one per append row and one per
-#: lock hash: a stream message of 10,000 flushes, of 10,000-row appends dropped or refused, or of
-#: appends of 4,096 lock hashes each, does not hold up other partitions.
+#: connections' requests run before it goes on
+#: (docs/design/server.md, "Bounds on what a peer costs"). Counted as :data:`MESSAGE_WORK` per
+#: protocol message, one per append row and one per lock hash: a stream message of 10,000
+#: flushes, of 10,000-row appends dropped or refused, or of appends of 4,096 lock hashes each,
+#: does not hold up other partitions.
 WORK_PER_TURN = 4096
 #: The work counted for one protocol message (besides its rows and lock hashes): 256 messages of
 #: no rows make a turn.
