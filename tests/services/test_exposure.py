@@ -81,7 +81,12 @@ def test_server_settings_off_loopback_need_mutual_tls_or_insecure(tmp_path: Path
     assert ServerConfig(server_host="10.1.2.3", server_insecure=True, **ZK).server_insecure
     cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
     assert ServerConfig(
-        server_host="::", server_tls_cert_file=cert, server_tls_key_file=key, server_tls_ca_file=ca, **ZK
+        server_host="::",
+        server_advertised_endpoint="10.1.2.3:55180",
+        server_tls_cert_file=cert,
+        server_tls_key_file=key,
+        server_tls_ca_file=ca,
+        **ZK,
     ).mutual_tls
 
 

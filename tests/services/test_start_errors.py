@@ -87,3 +87,34 @@ def test_a_storage_directory_that_cannot_be_made_says_so(tmp_path: Path) -> None
     assert done.returncode == 1, done.stderr
     assert f"error: storage.directory {tmp_path / 'afile' / 'data'}:" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def _closed_zookeeper() -> str:
+    """A connect string no ZooKeeper answers at: a server that got past its settings would
+    wait for it and exit 1, so exit 2 shows the settings refused it first."""
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        return f"127.0.0.1:{closed.getsockname()[1]}"
+
+
+def test_an_advertised_endpoint_that_is_not_host_port_is_refused_before_zookeeper() -> None:
+    # docs/configuration.md, "Server": server.advertisedEndpoint is the host:port clients use.
+    for endpoint in ("nonsense", "host:0", "host:65536", ":55180", "0.0.0.0:55180"):
+        done = _start(
+            "server", "start", "--zookeeper", _closed_zookeeper(), "--root", "/waltz/x",
+            "--session-timeout", "2", "--advertised-endpoint", endpoint,
+        )  # fmt: skip
+        assert done.returncode == 2, (endpoint, done.stderr)
+        assert f"server.advertisedEndpoint {endpoint!r}" in done.stderr
+        assert "ZooKeeper" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_server_on_every_address_needs_an_advertised_endpoint() -> None:
+    for host in ("0.0.0.0", "::"):
+        done = _start(
+            "server", "start", "--zookeeper", _closed_zookeeper(), "--root", "/waltz/x",
+            "--session-timeout", "2", "--host", host, "--port", "0",
+        )  # fmt: skip
+        assert done.returncode == 2, (host, done.stderr)
+        assert f"server.host {host!r} binds every address" in done.stderr
+        assert "set server.advertisedEndpoint (WALTZ_SERVER_ADVERTISED_ENDPOINT" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
+from waltz.errors import MetadataError
+from waltz.metadata.values import check_connect_string
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import TlsConfig
 from waltz.services.exposure import plaintext_refusal
@@ -21,6 +23,9 @@ from waltz.services.server.server_partition import PartitionConfig
 from waltz.services.server.store.config import StoreConfig
 
 __all__ = ["ServerConfig"]
+
+#: Hosts that bind every address of the machine: no client can connect to them.
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
 
 class ServerConfig(WaltzSettings, ZooKeeperSettings):
@@ -196,10 +201,38 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     store_tls_cert_file: Path | None = Field(None, description="PEM client certificate for storage nodes.")
     store_tls_key_file: Path | None = Field(None, description="PEM private key of the client certificate.")
 
+    @field_validator("server_advertised_endpoint")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        """Refuse an advertised endpoint a client cannot connect to: not ``host:port`` with a port
+        in 1..65535, or a host that binds every address (docs/configuration.md, "Server")."""
+        if value is None:
+            return None
+        try:
+            check_connect_string(value)
+        except MetadataError:
+            raise ValueError(
+                f"server.advertisedEndpoint {value!r} is not host:port with a port in 1..65535 "
+                "(the address clients connect to, e.g. 10.77.0.11:55180)"
+            ) from None
+        if value.rpartition(":")[0].strip() in WILDCARD_HOSTS:
+            raise ValueError(
+                f"server.advertisedEndpoint {value!r} names every address of the host, which no client "
+                "can connect to: give the host's own address or name"
+            )
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ServerConfig:
         if (self.server_tls_cert_file is None) != (self.server_tls_key_file is None):
             raise ValueError("server.ssl.certFile and server.ssl.keyFile must be set together")
+        if self.server_advertised_endpoint is None and self.server_host.strip() in WILDCARD_HOSTS:
+            raise ValueError(
+                f"server.host {self.server_host!r} binds every address, and clients would be told to "
+                "connect to it, which they cannot: set server.advertisedEndpoint "
+                "(WALTZ_SERVER_ADVERTISED_ENDPOINT, --advertised-endpoint) to the host:port clients "
+                "reach this server at"
+            )
         if (self.store_tls_cert_file is None) != (self.store_tls_key_file is None):
             raise ValueError("storage.ssl.certFile and storage.ssl.keyFile must be set together")
         refusal = plaintext_refusal(
