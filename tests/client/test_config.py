@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from waltz import WaltzClientConfig
 from waltz.config import load_settings
 from waltz.errors import ConfigurationError
+from waltz.local.certificates import make_cluster_certificates
 
 
 def test_yaml_and_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,15 +55,22 @@ def test_defaults_from_code() -> None:
 
 
 def test_tls_files(tmp_path: Path) -> None:
+    files = make_cluster_certificates(tmp_path)
     config = WaltzClientConfig(
         zookeeper_connect_string="zk:2181",
         cluster_root="/w",
-        client_tls_ca_file=tmp_path / "ca.pem",
-        client_tls_cert_file=tmp_path / "c.pem",
-        client_tls_key_file=tmp_path / "k.pem",
+        client_tls_ca_file=files.ca_file,
+        client_tls_cert_file=files.cert_file("client"),
+        client_tls_key_file=files.key_file("client"),
     )
     tls = config.tls()
-    assert tls is not None and tls.ca_file == tmp_path / "ca.pem"
+    assert tls is not None and tls.ca_file == files.ca_file
+    # A file that is not there is named before any server is tried (docs/operations.md, "Certificates").
+    missing = config.model_copy(update={"client_tls_ca_file": tmp_path / "ca-missing.pem"})
+    with pytest.raises(
+        ConfigurationError, match=r"client.ssl.caFile \(WALTZ_CLIENT_TLS_CA_FILE\) .*: no such"
+    ):
+        missing.tls()
 
 
 def test_bad_values_are_refused(tmp_path: Path) -> None:

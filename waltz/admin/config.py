@@ -25,7 +25,7 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import WaltzSettings
 from waltz.errors import ConfigurationError
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
-from waltz.protocol.channels import TlsConfig
+from waltz.protocol.channels import CLUSTER_TLS_SETTINGS, TlsConfig
 
 __all__ = ["ClusterAdminConfig"]
 
@@ -86,7 +86,15 @@ class ClusterAdminConfig(WaltzSettings, ZooKeeperSettings):
         raise ConfigurationError("missing " + " and ".join(missing))
 
     def tls(self) -> TlsConfig | None:
-        """Client TLS files for the storage admin ports, or None for plaintext."""
+        """Client TLS files for the storage admin ports, or None for plaintext.
+
+        Raises:
+            TlsFilesError: a file is missing, not PEM, or a key that is not the certificate's
+                (:meth:`~waltz.protocol.channels.TlsConfig.check_files`): checked before any node
+                is tried (docs/operations.md, "Certificates").
+        """
         if self.cluster_ssl_ca_file is None and self.cluster_ssl_cert_file is None:
             return None
-        return TlsConfig(self.cluster_ssl_ca_file, self.cluster_ssl_cert_file, self.cluster_ssl_key_file)
+        tls = TlsConfig(self.cluster_ssl_ca_file, self.cluster_ssl_cert_file, self.cluster_ssl_key_file)
+        tls.check_files(CLUSTER_TLS_SETTINGS)
+        return tls

@@ -20,7 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
-from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
+from waltz.protocol.channels import CLIENT_TLS_SETTINGS, DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
 __all__ = ["WaltzClientConfig"]
 
@@ -242,7 +242,15 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         }
 
     def tls(self) -> TlsConfig | None:
-        """The TLS files for server connections, or None for plaintext."""
+        """The TLS files for server connections, or None for plaintext.
+
+        Raises:
+            TlsFilesError: a file is missing, not PEM, or a key that is not the certificate's
+                (:meth:`~waltz.protocol.channels.TlsConfig.check_files`): checked before any server
+                is tried (docs/operations.md, "Certificates").
+        """
         if self.client_tls_ca_file is None and self.client_tls_cert_file is None:
             return None
-        return TlsConfig(self.client_tls_ca_file, self.client_tls_cert_file, self.client_tls_key_file)
+        tls = TlsConfig(self.client_tls_ca_file, self.client_tls_cert_file, self.client_tls_key_file)
+        tls.check_files(CLIENT_TLS_SETTINGS)
+        return tls

@@ -79,6 +79,8 @@ class ClientCore:
         ExpiredCertificateError: ``client.ssl.certFile`` or ``zookeeper.ssl.certFile`` has
             expired (the servers and ZooKeeper would refuse it, saying nothing of dates); nothing
             is contacted (docs/operations.md, "Certificates").
+        ConfigurationError: a TLS file cannot be used: missing, not PEM, or a ``client.ssl.keyFile``
+            that is not the certificate's key (a ``TlsFilesError``); nothing is contacted.
         ZooKeeperUnavailableError: ZooKeeper did not answer.
         ClusterNotFoundError: no cluster under ``config.cluster_root``.
     """
@@ -93,6 +95,7 @@ class ClientCore:
         refuse_expired_certificates(
             config.presented_certificates(), peers=CERTIFICATE_PEERS, holder="the client"
         )
+        tls = config.tls()  # checks the files: a key not the certificate's fails here, not in a handshake
         self._discovery = ServerDiscovery(
             config.zookeeper_connect_string,
             config.cluster_root,
@@ -102,7 +105,6 @@ class ClientCore:
         )
         self._closed = False
         self._seq = 0
-        tls = config.tls()
         self._tls = tls
         self._pool = ConnectionPool(
             on_messages=self._on_messages,

@@ -83,6 +83,45 @@ class TlsConfig:
             certificate_chain=self.cert_file.read_bytes() if self.cert_file else None,
         )
 
+    def check_files(self, settings: tuple[str, str] = CLUSTER_TLS_SETTINGS) -> None:
+        """Check that the files can be used, before any peer is tried: each one there, the key
+        the certificate's, the CA file a PEM bundle (docs/operations.md, "Certificates"). gRPC
+        would otherwise report every node unreachable, or retry a failing handshake until a
+        timeout.
+
+        Args:
+            settings: the settings' name and their environment variables' prefix, for the message
+                (:data:`CLUSTER_TLS_SETTINGS`, :data:`CLIENT_TLS_SETTINGS`).
+
+        Raises:
+            TlsFilesError: which setting (and variable), which file, and what is wrong with it.
+        """
+        name, env = settings
+        files = {"caFile": self.ca_file, "certFile": self.cert_file, "keyFile": self.key_file}
+        variables = {"caFile": f"{env}_CA_FILE", "certFile": f"{env}_CERT_FILE", "keyFile": f"{env}_KEY_FILE"}
+        for key, path in files.items():
+            if path is not None and not path.is_file():
+                raise TlsFilesError(f"{name}.{key} ({variables[key]}) {path}: no such file")
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if self.cert_file is not None:
+            try:
+                context.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
+            except ssl.SSLError as exc:
+                raise TlsFilesError(
+                    f"{name}.certFile {self.cert_file} and {name}.keyFile {self.key_file} cannot be used "
+                    f"together ({exc.reason or exc}): the key must be the certificate's, both PEM "
+                    f"({variables['certFile']}, {variables['keyFile']})"
+                ) from exc
+            except OSError as exc:
+                raise TlsFilesError(f"{name}.certFile or keyFile cannot be read: {exc}") from exc
+        if self.ca_file is not None:
+            try:
+                context.load_verify_locations(str(self.ca_file))
+            except (ssl.SSLError, OSError) as exc:
+                raise TlsFilesError(
+                    f"{name}.caFile ({variables['caFile']}) {self.ca_file} is not a PEM CA bundle ({exc})"
+                ) from exc
+
     def https_context(self) -> ssl.SSLContext:
         """A TLS context for HTTPS requests to the nodes' ``/metrics`` and ``/health``: verifying
         them with ``ca_file`` (the system's CAs without one), presenting the certificate if set.
