@@ -23,10 +23,13 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from waltz.errors import ConfigurationError
+from waltz.logs import IGNORED_VARIABLES_LOGGER
 
 __all__ = ["WaltzSettings", "flatten_keys", "load_settings"]
 
 log = logging.getLogger(__name__)
+#: Shown whatever the log level (:func:`waltz.logs.configure_logging`).
+ignored_variables_log = logging.getLogger(IGNORED_VARIABLES_LOGGER)
 
 S = TypeVar("S", bound="WaltzSettings")
 
@@ -265,7 +268,8 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
     """Log a warning, once per process, for each variable under the class's
     :attr:`~WaltzSettings.ENV_GROUPS` that names no setting but nearly names one
     (``WALTZ_STORAGE_SSL_CERT_FILE`` for ``WALTZ_STORAGE_TLS_CERT_FILE``): it is ignored, and a
-    TLS file ignored may mean plaintext."""
+    TLS file ignored may mean plaintext. The commands show it whatever their log level
+    (:data:`waltz.logs.IGNORED_VARIABLES_LOGGER`)."""
     if not cls.ENV_GROUPS:
         return
     known = [_variable_of(cls, field) for field in cls.model_fields]
@@ -275,7 +279,7 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
         if close:
             _warned_variables.add((cls.__name__, name))
-            log.warning(
+            ignored_variables_log.warning(
                 "the environment variable %s is no setting of %s and is ignored; did you mean %s? "
                 "(docs/configuration.md lists them)",
                 name,

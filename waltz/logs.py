@@ -6,10 +6,15 @@ import logging
 import os
 import sys
 
-__all__ = ["LOG_LEVELS", "configure_logging"]
+__all__ = ["IGNORED_VARIABLES_LOGGER", "LOG_LEVELS", "configure_logging"]
 
 #: The level names ``--log-level`` and ``WALTZ_LOG_LEVEL`` take (any case).
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: The logger of the warnings that an environment variable nearly naming a setting is ignored
+#: (docs/configuration.md): shown whatever the level, since the commands that log errors only
+#: would hide them, and an ignored TLS file can mean plaintext.
+IGNORED_VARIABLES_LOGGER = "waltz.config.ignored_variables"
 
 
 def configure_logging(level: str | None = None) -> None:
@@ -34,3 +39,6 @@ def configure_logging(level: str | None = None) -> None:
         level=name.upper(),
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
     )
+    ignored = logging.getLogger(IGNORED_VARIABLES_LOGGER)
+    if ignored.getEffectiveLevel() > logging.WARNING:
+        ignored.setLevel(logging.WARNING)

@@ -34,6 +34,7 @@ class ClusterAdminConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of ``waltz cluster``: where ZooKeeper and the cluster root are, and time limits."""
 
     model_config = SettingsConfigDict(env_prefix="WALTZ_", extra="forbid")
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ("WALTZ_CLUSTER_",)
 
     KEYS: ClassVar[dict[str, str]] = {
         "zookeeper.connectString": "zookeeper_connect_string",

@@ -70,6 +70,8 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 class ConsoleConfig(ClusterAdminConfig):
     """Settings of ``waltz console``: where the cluster is, what to scrape, how to serve."""
 
+    ENV_GROUPS: ClassVar[tuple[str, ...]] = ("WALTZ_CLUSTER_", "WALTZ_CONSOLE_")
+
     KEYS: ClassVar[dict[str, str]] = {
         **ClusterAdminConfig.KEYS,
         "console.host": "console_host",
