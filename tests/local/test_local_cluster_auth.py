@@ -16,6 +16,7 @@ from support.tls import make_certificates
 
 from tests.client.client_helpers import Append, MemoryStore
 from waltz import WaltzClient, WaltzClientConfig
+from waltz.local.certificates import make_cluster_certificates
 from waltz.local.cluster import LocalCluster
 from waltz.local.nodes import LocalServer
 from waltz.local.options import SecurityOptions
@@ -219,3 +220,28 @@ def test_servers_tools_and_a_client_reach_zookeeper_over_tls(
     ) as cluster:
         assert cluster.zookeeper_env()["WALTZ_ZOOKEEPER_SSL_CA_FILE"] == str(files["ca"])
         append_and_apply(cluster, b"over ZooKeeper TLS")
+
+
+def test_a_local_cluster_gives_its_servers_its_own_zookeeper_security_not_the_callers(
+    tmp_path: Path, zookeeper: LocalZooKeeper, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another cluster's ``WALTZ_ZOOKEEPER_AUTH_*``/``SSL_*`` exports in the caller's shell do not
+    reach the servers of a cluster that decides them itself (docs/local-cluster.md): here one
+    without a credential nor TLS to ZooKeeper, whose servers would otherwise speak TLS to its plain
+    port with a credential it never made."""
+    other = make_cluster_certificates(tmp_path / "other-tls")
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_AUTH_DIGEST", "other:not-this-clusters")
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_SSL_CA_FILE", str(other.ca_file))
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_SSL_CERT_FILE", str(other.cert_file("node")))
+    monkeypatch.setenv("WALTZ_ZOOKEEPER_SSL_KEY_FILE", str(other.key_file("node")))
+    with LocalCluster(
+        storages=1,
+        servers=1,
+        partitions=1,
+        zookeeper=zookeeper.connect_string,
+        work_dir=tmp_path / "cluster",
+        delete_root=True,
+        security=SecurityOptions.plaintext(),
+    ) as cluster:
+        owners = cluster.wait_ready(60)
+        assert set(owners) == {0}

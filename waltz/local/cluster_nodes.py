@@ -244,6 +244,7 @@ class ClusterNodes:
                     session_timeout=self._options.session_timeout,
                     extra_args=self._server_args(j),
                     env=server_env,
+                    inherit_zookeeper_security=False,  # server_env holds the cluster's own
                     **placement(f"server-{j}"),
                 )
             )

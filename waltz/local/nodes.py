@@ -23,7 +23,7 @@ import yaml
 from waltz.local.processes import ManagedProcess, free_port
 from waltz.private_files import private_directory, write_private
 
-__all__ = ["LocalServer", "LocalStorageNode"]
+__all__ = ["ZOOKEEPER_SECURITY_PREFIXES", "LocalServer", "LocalStorageNode"]
 
 
 def _command(
@@ -39,8 +39,18 @@ def _command(
     return [sys.executable, "-m", "waltz", kind, "start", "--config", str(config_file)]
 
 
-def _environment(env: Mapping[str, str] | None) -> dict[str, str] | None:
-    return {**os.environ, **env} if env else None
+#: The prefixes of the ZooKeeper security variables (docs/configuration.md, "ZooKeeper security"),
+#: which a local cluster gives its servers itself.
+ZOOKEEPER_SECURITY_PREFIXES = ("WALTZ_ZOOKEEPER_AUTH_", "WALTZ_ZOOKEEPER_SSL_")
+
+
+def _environment(env: Mapping[str, str] | None, drop: tuple[str, ...] = ()) -> dict[str, str] | None:
+    """A node's environment: this process's, without the variables under ``drop``, then ``env``
+    (None: this process's, unchanged)."""
+    if not env and not drop:
+        return None
+    inherited = {name: value for name, value in os.environ.items() if not (drop and name.startswith(drop))}
+    return {**inherited, **(env or {})}
 
 
 def _accepts(host: str, port: int) -> bool:
@@ -239,6 +249,11 @@ class LocalServer(_LocalProcess):
             <file>``; None passes them as options.
         insecure: serve without mutual TLS on purpose (``server.insecure``); without it the
             server must be given its TLS files (``env``), or it refuses to start.
+        inherit_zookeeper_security: pass this process's ``WALTZ_ZOOKEEPER_AUTH_*`` and
+            ``WALTZ_ZOOKEEPER_SSL_*`` variables on; False gives the server those of ``env`` alone,
+            as a local cluster does, which decides its ZooKeeper credential and TLS itself
+            (docs/local-cluster.md): another cluster's, exported in the caller's shell, would be
+            refused by its ZooKeeper.
     """
 
     kind = "server"
@@ -262,6 +277,7 @@ class LocalServer(_LocalProcess):
         command_prefix: Sequence[str] = (),
         config_file: Path | None = None,
         insecure: bool = False,
+        inherit_zookeeper_security: bool = True,
     ) -> None:
         if host is not None:
             self.host = host
@@ -287,8 +303,9 @@ class LocalServer(_LocalProcess):
             flags += ["--insecure"]
         args = _command("server", "waltz.services.server", settings, flags, config_file)
         args += extra_args or []
+        drop = () if inherit_zookeeper_security else ZOOKEEPER_SECURITY_PREFIXES
         self.process = ManagedProcess(
-            [*command_prefix, *args], name=name, log_path=log_path, env=_environment(env)
+            [*command_prefix, *args], name=name, log_path=log_path, env=_environment(env, drop)
         )
 
     @property
