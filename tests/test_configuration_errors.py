@@ -108,3 +108,32 @@ def test_infinity_and_nan_are_refused_for_every_number(monkeypatch: pytest.Monke
     monkeypatch.setenv("WALTZ_STORAGE_RETENTION_CHECK_INTERVAL", value)
     with pytest.raises(ConfigurationError, match=r"retention_check_interval .*finite number"):
         load_settings(StorageConfig, directory="/d", insecure=True)
+
+
+def test_an_invalid_value_is_said_to_come_from_where_it_was_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is blamed only for what it set: a value from the environment names its variable,
+    one from a command's option says so (docs/configuration.md, precedence)."""
+    path = tmp_path / "prec.yaml"
+    path.write_text(f"storage.directory: {tmp_path / 'node'}\nstorage.insecure: true\n")
+    monkeypatch.setenv("WALTZ_STORAGE_ADMIN_PORT", "70000")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(StorageConfig, path)
+    message = str(raised.value)
+    assert message.startswith(f"invalid configuration (read from {path}, the environment and the options):\n")
+    assert f"in {path}" not in message, message
+    assert "admin_port" in message and "(set by the environment variable WALTZ_STORAGE_ADMIN_PORT)" in message
+    monkeypatch.delenv("WALTZ_STORAGE_ADMIN_PORT")
+
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(StorageConfig, path, port=70000)
+    message = str(raised.value)
+    assert f"in {path}" not in message and "(set by a command option or argument)" in message, message
+
+    path.write_text(f"storage.directory: {tmp_path / 'node'}\nstorage.insecure: true\nstorage.port: 70000\n")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(StorageConfig, path)
+    message = str(raised.value)
+    assert message.startswith(f"invalid configuration in {path}:\n"), message
+    assert f"(set by the file {path})" in message

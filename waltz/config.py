@@ -215,12 +215,18 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
                 f"unknown keys in {path}: {named}; known keys: {', '.join(sorted(cls.KEYS))}"
             )
     loader = type(cls.__name__, (cls,), {"_file_values": file_values})
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        settings = loader(**{k: v for k, v in overrides.items() if v is not None})
+        settings = loader(**given)
     except ValidationError as exc:
-        raise ConfigurationError(
-            f"invalid configuration{f' in {path}' if path else ''}:\n{_explained(cls, exc)}"
-        ) from exc
+        sources = _sources(cls, given, os.environ, file_values, path)
+        if path is None:
+            read = ""
+        elif _only_from(exc, sources, f"the file {path}"):
+            read = f" in {path}"
+        else:  # named, not blamed: each line says where its value came from
+            read = f" (read from {path}, the environment and the options)"
+        raise ConfigurationError(f"invalid configuration{read}:\n{_explained(cls, exc, sources)}") from exc
     except SettingsError as exc:  # a list or mapping from the environment that is not JSON
         raise ConfigurationError(_unparsed_variable(cls, exc)) from exc
     return cls.model_validate(settings.model_dump())
@@ -310,9 +316,39 @@ def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, st
     return text
 
 
-def _explained(cls: type[S], exc: ValidationError) -> str:
+def _sources(
+    cls: type[S],
+    given: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, Any],
+    path: Path | None,
+) -> dict[str, str]:
+    """Where each set field's value came from, by precedence (docs/configuration.md): a command's
+    option or argument, then the environment variable, then the file."""
+    variables = {name.upper() for name in environ}
+    sources: dict[str, str] = {}
+    for field in cls.model_fields:
+        variable = _variable_of(cls, field)
+        if field in given:
+            sources[field] = "a command option or argument"
+        elif variable in variables:
+            sources[field] = f"the environment variable {variable}"
+        elif field in file_values and path is not None:
+            sources[field] = f"the file {path}"
+    return sources
+
+
+def _only_from(exc: ValidationError, sources: Mapping[str, str], source: str) -> bool:
+    """Whether every problem of ``exc`` is of a value that came from ``source``."""
+    fields = [str(error["loc"][0]) if error.get("loc") else "" for error in exc.errors(include_url=False)]
+    return bool(fields) and all(sources.get(field) == source for field in fields)
+
+
+def _explained(cls: type[S], exc: ValidationError, sources: Mapping[str, str] | None = None) -> str:
     """One line per problem of ``exc``, each naming the setting's field, its key in a file and its
-    environment variable (a missing setting says where to set it), never its value."""
+    environment variable (a missing setting says where to set it), and where the value came from
+    (``sources``: field -> an option, a variable or the file), never the value."""
+    sources = sources or {}
     lines = []
     for error in exc.errors(include_url=False, include_input=False):
         location = error.get("loc") or ()
@@ -326,5 +362,6 @@ def _explained(cls: type[S], exc: ValidationError) -> str:
             lines.append(f"- {field} is not set: give {where or 'it'}, or the command's option for it")
         else:
             named = f"{field} ({where})" if where else (field or cls.__name__)
-            lines.append(f"- {named}: {error.get('msg', 'invalid')}")
+            source = f" (set by {sources[field]})" if field in sources else ""
+            lines.append(f"- {named}: {error.get('msg', 'invalid')}{source}")
     return "\n".join(lines) if lines else str(exc)
