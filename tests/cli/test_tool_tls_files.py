@@ -100,3 +100,30 @@ def test_a_client_key_of_another_certificate_is_named(certificates: ClusterCerti
         f"{certificates.key_file('operator')} cannot be used together"
     ) in done.stderr
     assert "WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE" in done.stderr
+
+
+def test_a_console_tls_file_that_cannot_work_is_named_before_zookeeper(
+    tmp_path: Path, certificates: ClusterCertificates
+) -> None:
+    """docs/console.md: the console's HTTPS files (``console.ssl.*``) are checked as a node's."""
+    absent = tmp_path / "absent.pem"
+    done = _waltz(
+        "console",
+        env={
+            "WALTZ_CONSOLE_SSL_CERT_FILE": str(absent),
+            "WALTZ_CONSOLE_SSL_KEY_FILE": str(certificates.key_file("node")),
+        },
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"error: console.ssl.certFile {absent}: no such file" in done.stderr
+    done = _waltz(
+        "console",
+        env={
+            "WALTZ_CONSOLE_SSL_CERT_FILE": str(certificates.cert_file("node")),
+            "WALTZ_CONSOLE_SSL_KEY_FILE": str(certificates.key_file("client")),
+        },
+    )
+    assert done.returncode == 2, done.stderr
+    assert (
+        f"error: console.ssl.certFile {certificates.cert_file('node')} and console.ssl.keyFile" in done.stderr
+    )

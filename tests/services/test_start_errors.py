@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from waltz.local.certificates import make_cluster_certificates
+
 
 def _start(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -118,3 +120,29 @@ def test_a_server_on_every_address_needs_an_advertised_endpoint() -> None:
         assert f"server.host {host!r} binds every address" in done.stderr
         assert "set server.advertisedEndpoint (WALTZ_SERVER_ADVERTISED_ENDPOINT" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_server_tls_file_that_cannot_work_is_a_configuration_error_before_zookeeper(tmp_path: Path) -> None:
+    """docs/operations.md, "Certificates": the server's own files (``server.ssl.*``) and those it
+    presents to the storage nodes (``storage.ssl.*``) are checked before ZooKeeper is contacted."""
+    files = make_cluster_certificates(tmp_path / "tls")
+    absent = tmp_path / "absent.pem"
+    cases = {
+        f"server.ssl.certFile {absent}: no such file": {
+            "WALTZ_SERVER_TLS_CERT_FILE": str(absent),
+            "WALTZ_SERVER_TLS_KEY_FILE": str(files.key_file("node")),
+        },
+        "storage.ssl.certFile": {
+            "WALTZ_STORE_TLS_CA_FILE": str(files.ca_file),
+            "WALTZ_STORE_TLS_CERT_FILE": str(files.cert_file("node")),
+            "WALTZ_STORE_TLS_KEY_FILE": str(files.key_file("client")),
+        },
+    }
+    for expected, env in cases.items():
+        done = _start(
+            "server", "start", "--zookeeper", _closed_zookeeper(), "--root", "/waltz/x",
+            "--session-timeout", "2", env=env,
+        )  # fmt: skip
+        assert done.returncode == 2, (expected, done.stderr)
+        assert f"error: {expected}" in done.stderr
+        assert "ZooKeeper" not in done.stderr and "Traceback" not in done.stderr

@@ -177,6 +177,7 @@ def console(
             console_ssl_ca_file=tls_ca,
         )
         settings.metrics_targets()
+        settings.check_tls_files()  # before ZooKeeper is contacted or the port bound
         admin = connect_admin(settings)
     except WaltzError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)

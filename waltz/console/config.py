@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 
 from waltz.admin.config import ClusterAdminConfig
 from waltz.errors import ConfigurationError
+from waltz.protocol.channels import check_server_tls_files
 
 __all__ = ["DEFAULT_CONSOLE_PORT", "ConsoleConfig", "MetricsTarget"]
 
@@ -126,6 +127,20 @@ class ConsoleConfig(ClusterAdminConfig):
             seen.add(name)
             targets.append(MetricsTarget(name, target.url))
         return targets
+
+    def check_tls_files(self) -> None:
+        """Check the console's TLS files before it connects or binds (docs/console.md): its own
+        HTTPS files (``console.ssl.*``) and the cluster's (``cluster.ssl.*``), each one there, the
+        key the certificate's, the CA file a PEM bundle.
+
+        Raises:
+            TlsFilesError: which setting, which file, and what is wrong with it.
+        """
+        if self.console_ssl_cert_file is not None and self.console_ssl_key_file is not None:
+            check_server_tls_files(
+                self.console_ssl_cert_file, self.console_ssl_key_file, self.console_ssl_ca_file, "console.ssl"
+            )
+        self.tls()
 
     @property
     def https(self) -> bool:

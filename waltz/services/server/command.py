@@ -83,6 +83,7 @@ def start(
             zookeeper_session_timeout=session_timeout,
             server_insecure=True if insecure else None,
         )
+        settings.check_tls_files()  # before ZooKeeper is contacted
     except ConfigurationError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

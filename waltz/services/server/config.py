@@ -12,7 +12,7 @@ from waltz.config import WaltzSettings
 from waltz.errors import MetadataError
 from waltz.metadata.values import check_connect_string
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
-from waltz.protocol.channels import TlsConfig
+from waltz.protocol.channels import TlsConfig, TlsFilesError, check_server_tls_files, missing_tls_file
 from waltz.services.exposure import plaintext_refusal
 from waltz.services.server.appends import (
     DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
@@ -250,6 +250,26 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     def mutual_tls(self) -> bool:
         """Certificate, key and CA file of the server port are all set: every client presents one."""
         return None not in (self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file)
+
+    def check_tls_files(self) -> None:
+        """Check the server's TLS files before anything starts or connects (docs/operations.md,
+        "Certificates"): those of its port (``server.ssl.*``) and those it presents to the storage
+        nodes (``storage.ssl.*``), each one there, the key the certificate's, the CA file PEM.
+
+        Raises:
+            TlsFilesError: which setting, which file, and what is wrong with it.
+        """
+        if self.server_tls_cert_file is not None and self.server_tls_key_file is not None:
+            check_server_tls_files(
+                self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file, "server.ssl"
+            )
+        else:
+            missing = missing_tls_file("server.ssl", {"caFile": self.server_tls_ca_file})
+            if missing is not None:
+                raise TlsFilesError(missing)
+        tls = self.store_config().tls
+        if tls is not None:
+            tls.check_files(("storage.ssl", "WALTZ_STORE_TLS"))
 
     def presented_certificates(self) -> dict[str, Path | None]:
         """The certificates the server presents, by the name its expiry gauge gives each

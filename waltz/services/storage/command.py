@@ -70,6 +70,7 @@ def start(
             segment_size_threshold=segment_size_threshold,
             insecure=True if insecure else None,
         )
+        settings.check_tls_files()  # before the directory is made
     except ConfigurationError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc

@@ -9,7 +9,12 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
-from waltz.protocol.channels import DEFAULT_MAX_MESSAGE_BYTES
+from waltz.protocol.channels import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    TlsFilesError,
+    check_server_tls_files,
+    missing_tls_file,
+)
 from waltz.services.exposure import plaintext_refusal
 from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
 from waltz.services.storage.retention import (
@@ -150,3 +155,17 @@ class StorageConfig(WaltzSettings):
     def mutual_tls(self) -> bool:
         """Certificate, key and CA file are all set: every peer presents a certificate."""
         return None not in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file)
+
+    def check_tls_files(self) -> None:
+        """Check the ``storage.ssl.*`` files before anything starts (docs/operations.md,
+        "Certificates"): each one there, the key the certificate's, the CA file a PEM bundle.
+
+        Raises:
+            TlsFilesError: which setting, which file, and what is wrong with it.
+        """
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            check_server_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_file, "storage.ssl")
+        else:
+            missing = missing_tls_file("storage.ssl", {"caFile": self.tls_ca_file})
+            if missing is not None:
+                raise TlsFilesError(missing)
