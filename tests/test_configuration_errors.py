@@ -137,3 +137,26 @@ def test_an_invalid_value_is_said_to_come_from_where_it_was_set(
     message = str(raised.value)
     assert message.startswith(f"invalid configuration in {path}:\n"), message
     assert f"(set by the file {path})" in message
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("storage.port: 55280\nstorage.port: 55290\n", "the key storage.port is given twice (lines 2 and 3)"),
+        ("storage:\n  port: 55280\n  port: 55290\n", "the key port is given twice (lines 3 and 4)"),
+        (
+            "storage.port: 55280\nstorage:\n  port: 55290\n",
+            "the key storage.port is given twice (dotted and nested)",
+        ),
+    ],
+)
+def test_a_key_given_twice_is_refused_in_one_line_naming_it(tmp_path: Path, text: str, said: str) -> None:
+    """YAML keeps the last of two equal keys without a word; which one an operator meant is not
+    known, so neither is taken (docs/configuration.md)."""
+    path = tmp_path / "storage.yaml"
+    path.write_text(f"storage.directory: {tmp_path / 'node'}\n{text}")
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(StorageConfig, path, insecure=True)
+    message = str(raised.value)
+    assert said in message and "\n" not in message, message
+    assert "55290" not in message  # never a value: it may be a credential

@@ -38,12 +38,43 @@ S = TypeVar("S", bound="WaltzSettings")
 MAX_FLATTENED_KEYS = 10_000
 
 
+class DuplicateKeyError(yaml.MarkedYAMLError):
+    """A mapping of a configuration file gives the same key twice (docs/configuration.md): YAML
+    would keep the last one without a word."""
+
+    def __init__(self, key: str, first: yaml.Mark | None, second: yaml.Mark | None) -> None:
+        super().__init__(problem=f"the key {key} is given twice", problem_mark=second)
+        self.key = key
+        self.lines = tuple(mark.line + 1 for mark in (first, second) if mark is not None)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (merged keys, ``<<``, may be
+    overridden as YAML allows)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark | None] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                given = key in seen
+            except TypeError:  # an unhashable key: the base constructor says so
+                continue
+            if given:
+                raise DuplicateKeyError(str(key), seen[key], key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def flatten_keys(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Flatten nested mappings into dotted keys: ``{"a": {"b": 1}}`` -> ``{"a.b": 1}``.
 
     Raises:
-        ConfigurationError: a mapping contains itself (a YAML alias to an enclosing node), or the
-            keys expand past :data:`MAX_FLATTENED_KEYS` (aliases of aliases).
+        ConfigurationError: a mapping contains itself (a YAML alias to an enclosing node), the
+            keys expand past :data:`MAX_FLATTENED_KEYS` (aliases of aliases), or two keys name
+            the same dotted key (``storage.port`` and ``storage: {port: ...}``).
     """
     flat: dict[str, Any] = {}
     _flatten_into(flat, data, prefix, ())
@@ -63,6 +94,8 @@ def _flatten_into(
         if isinstance(value, Mapping):
             _flatten_into(flat, value, name + ".", enclosing)
         else:
+            if name in flat:
+                raise ConfigurationError(f"the key {name} is given twice (dotted and nested): keep one")
             flat[name] = value
             if len(flat) > MAX_FLATTENED_KEYS:
                 raise ConfigurationError(f"more than {MAX_FLATTENED_KEYS} keys (YAML aliases of aliases?)")
@@ -190,7 +223,7 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
     if path is not None:
         path = Path(path)
         try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            loaded = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
         except (OSError, ValueError, yaml.YAMLError) as exc:  # ValueError: not UTF-8
             raise ConfigurationError(f"cannot read configuration file {path}: {_yaml_problem(exc)}") from exc
         if not isinstance(loaded, Mapping):
@@ -235,6 +268,9 @@ def load_settings(cls: type[S], path: Path | str | None = None, **overrides: Any
 def _yaml_problem(exc: BaseException) -> str:
     """What is wrong with a configuration file, and where, without quoting its text: PyYAML's own
     message shows the offending line, which may hold a credential (docs/configuration.md)."""
+    if isinstance(exc, DuplicateKeyError):
+        lines = " and ".join(str(line) for line in exc.lines)
+        return f"the key {exc.key} is given twice (lines {lines}): keep one"
     if not isinstance(exc, yaml.MarkedYAMLError):
         return str(exc)  # the file's absence, a directory, bytes that are not UTF-8: no contents
     parts = []
