@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from waltz.cli.main import app
-from waltz.config import load_settings
+from waltz.config import WaltzSettings, load_settings
 from waltz.console.config import ConsoleConfig
 from waltz.errors import ConfigurationError
 from waltz.services.server.config import ServerConfig
@@ -160,3 +160,30 @@ def test_a_key_given_twice_is_refused_in_one_line_naming_it(tmp_path: Path, text
     message = str(raised.value)
     assert said in message and "\n" not in message, message
     assert "55290" not in message  # never a value: it may be a credential
+
+
+@pytest.mark.parametrize("written", ["yes", "true", "1.0", "'1.0'", "55280.0"])
+@pytest.mark.parametrize("key", ["storage.port", "storage.admin.port", "storage.metrics.port"])
+def test_a_port_is_a_whole_number_not_a_boolean_nor_a_decimal(tmp_path: Path, key: str, written: str) -> None:
+    """``storage.port: yes`` is YAML's true, which pydantic took for port 1, and ``1.0`` port 1
+    (docs/configuration.md)."""
+    path = tmp_path / "storage.yaml"
+    path.write_text(f"storage.directory: {tmp_path / 'node'}\nstorage.insecure: true\n{key}: {written}\n")
+    with pytest.raises(ConfigurationError, match=f"{key} .*a port is a whole number"):
+        load_settings(StorageConfig, path)
+
+
+@pytest.mark.parametrize("value", ["1.0", "true"])
+def test_a_port_variable_is_a_whole_number(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    server = {"zookeeper_connect_string": "z:2181", "cluster_root": "/w", "server_insecure": True}
+    cases: list[tuple[str, type[WaltzSettings], dict[str, object]]] = [
+        ("WALTZ_SERVER_PORT", ServerConfig, server),
+        ("WALTZ_SERVER_METRICS_PORT", ServerConfig, server),
+        ("WALTZ_CONSOLE_PORT", ConsoleConfig, {}),
+    ]
+    for variable, settings_class, needed in cases:
+        monkeypatch.setenv(variable, value)
+        with pytest.raises(ConfigurationError, match=f"{variable}.*a port is a whole number"):
+            load_settings(settings_class, **needed)
+        monkeypatch.delenv(variable)
+    assert load_settings(StorageConfig, directory="/d", insecure=True, port="55290").port == 55290

@@ -14,10 +14,10 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, TypeVar
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import BeforeValidator, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
@@ -25,13 +25,30 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from waltz.errors import ConfigurationError
 from waltz.logs import IGNORED_VARIABLES_LOGGER
 
-__all__ = ["WaltzSettings", "flatten_keys", "load_settings"]
+__all__ = ["Port", "WaltzSettings", "flatten_keys", "load_settings"]
 
 log = logging.getLogger(__name__)
 #: Shown whatever the log level (:func:`waltz.logs.configure_logging`).
 ignored_variables_log = logging.getLogger(IGNORED_VARIABLES_LOGGER)
 
 S = TypeVar("S", bound="WaltzSettings")
+
+
+def _whole_number(value: Any) -> Any:
+    """Refuse what pydantic would make a port of by rounding or truth: a boolean (``yes`` in YAML
+    is true, which is 1) and a decimal (``1.0``), as a number or as text."""
+    if isinstance(value, bool | float) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) is None and value.strip()
+    ):
+        raise ValueError(
+            "a port is a whole number (digits alone), not a boolean (yes, no, true, false) nor a decimal"
+        )
+    return value
+
+
+#: A port setting: an integer as written, never a boolean or a decimal taken as one (the range is
+#: each field's own: ``Field(ge=0, le=65535)``; docs/configuration.md).
+Port = Annotated[int, BeforeValidator(_whole_number)]
 
 
 #: Dotted keys a configuration file may expand to at most (YAML aliases can multiply them).

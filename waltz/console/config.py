@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, model_validator
 
 from waltz.admin.config import ClusterAdminConfig
+from waltz.config import Port
 from waltz.errors import ConfigurationError
 from waltz.protocol.channels import check_server_tls_files
 
@@ -86,7 +87,7 @@ class ConsoleConfig(ClusterAdminConfig):
     }
 
     console_host: str = Field("127.0.0.1", description="The address the console binds.")
-    console_port: int = Field(DEFAULT_CONSOLE_PORT, ge=0, le=65535, description="The console's port.")
+    console_port: Port = Field(DEFAULT_CONSOLE_PORT, ge=0, le=65535, description="The console's port.")
     console_metrics: list[str] = Field(
         default_factory=list, description="/metrics URLs to scrape, each URL or NAME=URL."
     )

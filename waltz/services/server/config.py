@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from waltz.config import WaltzSettings
+from waltz.config import Port, WaltzSettings
 from waltz.errors import MetadataError
 from waltz.metadata.values import check_connect_string
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
@@ -88,7 +88,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         "default: its endpoint.",
     )
     server_host: str = Field("127.0.0.1", description="Address the server port binds to and advertises.")
-    server_port: int = Field(
+    server_port: Port = Field(
         55180, ge=0, le=65535, description="Port for clients and tools (0: any free port)."
     )
     server_advertised_endpoint: str | None = Field(
@@ -96,7 +96,7 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         description="host:port that clients are told to use (a proxy or NAT in front of the server); "
         "default: server.host and the bound port.",
     )
-    server_metrics_port: int | None = Field(
+    server_metrics_port: Port | None = Field(
         None, ge=0, le=65535, description="HTTP port for /metrics and /health."
     )
     server_preferred_partitions: list[int] = Field(

@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from waltz.config import WaltzSettings
+from waltz.config import Port, WaltzSettings
 from waltz.protocol.channels import (
     DEFAULT_MAX_MESSAGE_BYTES,
     TlsFilesError,
@@ -60,9 +60,9 @@ class StorageConfig(WaltzSettings):
 
     directory: Path = Field(description="The storage directory (control file and partition directories).")
     host: str = Field("127.0.0.1", description="Address the storage and admin ports bind to.")
-    port: int = Field(55280, ge=0, le=65535, description="Port of the storage protocol (store sessions).")
-    admin_port: int = Field(55281, ge=0, le=65535, description="Port of the admin protocol.")
-    metrics_port: int | None = Field(
+    port: Port = Field(55280, ge=0, le=65535, description="Port of the storage protocol (store sessions).")
+    admin_port: Port = Field(55281, ge=0, le=65535, description="Port of the admin protocol.")
+    metrics_port: Port | None = Field(
         None, ge=0, le=65535, description="HTTP port serving /metrics and /health; none when unset."
     )
     segment_size_threshold: int = Field(
