@@ -90,6 +90,7 @@ from waltz.local.readiness import (
 from waltz.local.security import ClusterSecurity
 from waltz.local.zookeeper import LocalZooKeeper
 from waltz.metadata.replicas import spread_replicas
+from waltz.metadata.values import check_zookeeper_connect_string
 from waltz.metadata.zk import ClusterPaths
 from waltz.metadata.zk_roles import Role, RoleCredentials
 from waltz.metadata.zk_security import ZooKeeperSecurity
@@ -131,7 +132,8 @@ class LocalCluster:
             and ``/waltz-local/<name>-<8 hex digits>`` on an external one.
         work_dir: where data and logs go, kept at close (and resumed by the next start); None
             makes a temporary directory that :meth:`close` removes.
-        zookeeper: the connect string of a running ZooKeeper to use instead of starting one.
+        zookeeper: the connect string of a running ZooKeeper to use instead of starting one
+            (``host:port[,host:port...][/chroot]``).
         delete_root: delete the cluster's znodes from an external ZooKeeper at close; None means
             "when the work directory is temporary" (a kept one may be started again).
         processes: how the processes run: metrics, timeouts, environment and extra options
@@ -141,12 +143,13 @@ class LocalCluster:
         network: loopback or a host of its own per process, client hosts, subnet
             (:class:`~waltz.local.options.NetworkOptions`); None: its defaults (loopback).
         keep_on_failure: keep the temporary work directory (``work_dir`` None) when
-            :meth:`start` fails, for the logs its error names (:attr:`failed_start_dir`); by
-            default it is removed.
+            :meth:`start` fails once a node was started, for the logs its error names
+            (:attr:`failed_start_dir`); by default, and when it failed before (ZooKeeper not
+            answering), it is removed.
 
     Raises:
-        ConfigurationError: an argument is out of range, or namespace mode is asked for with an
-            external ZooKeeper (the hosts cannot reach it).
+        ConfigurationError: an argument is out of range, ``zookeeper`` is not a connect string,
+            or namespace mode is asked for with an external ZooKeeper (the hosts cannot reach it).
     """
 
     def __init__(
@@ -183,6 +186,11 @@ class LocalCluster:
                 "a local cluster in network namespaces starts its own ZooKeeper on a host of its "
                 "own; an external ZooKeeper is not reachable from the hosts"
             )
+        if zookeeper is not None:
+            try:
+                check_zookeeper_connect_string(zookeeper)
+            except MetadataError as exc:
+                raise ConfigurationError(f"the running ZooKeeper to use: {exc}") from None
         self._root_given = root is not None
         if root is None:
             root = f"/waltz/{name}" if zookeeper is None else f"/waltz-local/{name}-{uuid.uuid4().hex[:8]}"
@@ -218,6 +226,7 @@ class LocalCluster:
         self.startup_seconds: float | None = None
         """Seconds :meth:`start` took, from launching the first process until every partition was writable."""
         self._keep_on_failure = keep_on_failure
+        self._launched = False  # a node's process was started: its log is worth keeping
         self.failed_start_dir: Path | None = None
         """The temporary work directory kept after :meth:`start` failed (``keep_on_failure``), else None."""
 
@@ -525,6 +534,7 @@ class LocalCluster:
             )
             if layout is not None:
                 self._check_ports_free()
+            self._launched = True
             for node in self._nodes.storages:
                 node.launch()
             if self._nodes.zookeeper is not None:
@@ -557,6 +567,7 @@ class LocalCluster:
         except BaseException as exc:
             if (
                 self._keep_on_failure
+                and self._launched  # else it holds certificates and credentials only, no log
                 and not self._keep
                 and not isinstance(exc, KeyboardInterrupt | SystemExit)
             ):

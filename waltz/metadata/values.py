@@ -86,6 +86,25 @@ def check_connect_string(connect_string: str) -> str:
     return connect_string
 
 
+def check_zookeeper_connect_string(connect_string: str) -> str:
+    """Check a ZooKeeper connect string, ``host:port[,host:port...][/chroot]``, and return it
+    (docs/zookeeper.md); each ``host:port`` as :func:`check_connect_string` checks it.
+
+    Raises:
+        MetadataError: it is empty, or a member is not ``host:port`` with a port in 1..65535.
+    """
+    hosts = connect_string.partition("/")[0]
+    try:
+        for member in hosts.split(","):
+            check_connect_string(member.strip())
+    except MetadataError:
+        raise MetadataError(
+            f"{connect_string!r} is not a ZooKeeper connect string: host:port[,host:port...][/chroot] "
+            "with ports in 1..65535, e.g. 127.0.0.1:2181"
+        ) from None
+    return connect_string
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterParams:
     """The cluster's parameters: name, number of partitions and the cluster key.
