@@ -86,3 +86,26 @@ def test_no_placeholder_is_a_python_type() -> None:
         " ".join(path): re.findall(r"<[a-z]+\[[^>\s]*\]>", help_output(path, WIDTH)) for path, _ in COMMANDS
     }
     assert {name: found for name, found in shown.items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        (["up"], ["made in WORK_DIR/tls"]),
+        (
+            ["console"],
+            [
+                "(console.ssl.certFile, WALTZ_CONSOLE_SSL_CERT_FILE)",
+                "(console.ssl.keyFile, WALTZ_CONSOLE_SSL_KEY_FILE)",
+                "console.ssl.caFile, WALTZ_CONSOLE_SSL_CA_FILE",
+            ],
+        ),
+        (["server", "start"], ["/metrics and /health (server.metrics.port)"]),
+    ],
+)
+def test_an_option_names_its_setting_and_files_where_they_are(path: list[str], named: list[str]) -> None:
+    """docs/configuration.md lists each option's key; the help says it too, and where `waltz up`
+    makes its certificates (docs/local-cluster.md)."""
+    shown = _characters(help_output(path, WIDTH))
+    for text in named:
+        assert _characters(text) in shown, text

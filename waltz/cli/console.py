@@ -98,13 +98,19 @@ def console(
         typer.Option(
             exists=True,
             dir_okay=False,
-            help="Serve HTTPS with this PEM certificate chain.",
+            help="Serve HTTPS with this PEM certificate chain (console.ssl.certFile, "
+            "WALTZ_CONSOLE_SSL_CERT_FILE).",
             show_default=False,
         ),
     ] = None,
     tls_key: Annotated[
         Path | None,
-        typer.Option(exists=True, dir_okay=False, help="The PEM key of --tls-cert.", show_default=False),
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The PEM key of --tls-cert (console.ssl.keyFile, WALTZ_CONSOLE_SSL_KEY_FILE).",
+            show_default=False,
+        ),
     ] = None,
     tls_ca: Annotated[
         Path | None,
@@ -112,7 +118,8 @@ def console(
             exists=True,
             dir_okay=False,
             help="With --tls-cert: require browser certificates signed by this PEM CA; the pages "
-            'then need the role operator or admin (urn:waltz:role:*, docs/operations.md "Roles").',
+            'then need the role operator or admin (urn:waltz:role:*, docs/operations.md "Roles"; '
+            "console.ssl.caFile, WALTZ_CONSOLE_SSL_CA_FILE).",
             show_default=False,
         ),
     ] = None,

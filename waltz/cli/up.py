@@ -134,7 +134,7 @@ def up(
     removed at stop, and a crashed run's by the next one.
 
     Every port serves mutual TLS and checks the role in each peer's certificate (client, server,
-    operator, admin); the certificates are made in the work directory (node.pem, with the server
+    operator, admin); the certificates are made in WORK_DIR/tls (node.pem, with the server
     role, for the storage nodes and servers; client.pem, operator.pem, admin.pem), and the
     cluster's znodes take a ZooKeeper credential per role. --insecure (and --no-zookeeper-auth) opt
     out.

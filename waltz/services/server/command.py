@@ -40,7 +40,9 @@ def start(
     ] = None,
     host: Annotated[str | None, typer.Option(help="Address to bind and advertise (server.host).")] = None,
     port: Annotated[int | None, typer.Option(help="Server port, 0 for any free port (server.port).")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="HTTP port for /metrics and /health.")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="HTTP port for /metrics and /health (server.metrics.port).")
+    ] = None,
     advertised_endpoint: Annotated[
         str | None,
         typer.Option(help="host:port clients are told to use, e.g. a proxy's (server.advertisedEndpoint)."),
