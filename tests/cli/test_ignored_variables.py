@@ -1,7 +1,7 @@
 """An environment variable that nearly names a setting of ``waltz cluster`` or ``waltz console``
 is said to be ignored, on stderr, whatever the command's log level (docs/configuration.md,
-"Cluster tool" and "Console"): ignored, a TLS file means plaintext, or a tool without its
-certificate.
+"Cluster tool (`waltz cluster ...`)" and "Operator console (`waltz console`)"): ignored, a TLS
+file means plaintext, or a tool without its certificate.
 
 ZooKeeper is a closed port: the commands load their settings, warn, then fail on it.
 """

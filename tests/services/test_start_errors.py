@@ -99,7 +99,8 @@ def _closed_zookeeper() -> str:
 
 
 def test_an_advertised_endpoint_that_is_not_host_port_is_refused_before_zookeeper() -> None:
-    # docs/configuration.md, "Server": server.advertisedEndpoint is the host:port clients use.
+    # docs/configuration.md, "Server (`waltz server start`)": server.advertisedEndpoint is the
+    # host:port clients use.
     for endpoint in ("nonsense", "host:0", "host:65536", ":55180", "0.0.0.0:55180"):
         done = _start(
             "server", "start", "--zookeeper", _closed_zookeeper(), "--root", "/waltz/x",

@@ -205,7 +205,8 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
     @classmethod
     def _endpoint(cls, value: str | None) -> str | None:
         """Refuse an advertised endpoint a client cannot connect to: not ``host:port`` with a port
-        in 1..65535, or a host that binds every address (docs/configuration.md, "Server")."""
+        in 1..65535, or a host that binds every address (docs/configuration.md,
+        "Server (`waltz server start`)")."""
         if value is None:
             return None
         try:
