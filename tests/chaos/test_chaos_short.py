@@ -367,7 +367,7 @@ def test_options_replay_and_duration() -> None:
 @pytest.mark.parametrize(
     ("url", "said"),
     [
-        ("postgresql+psycopg://app:s3cret-word@127.0.0.1:notaport/ledger", "invalid literal"),
+        ("postgresql+psycopg://app:s3cret-word@127.0.0.1:notaport/ledger", "its port is not a number"),
         ("postgresql+psycopg://postgres@127.0.0.1:1/ledger", "cannot connect"),
         (
             "postgresql+psycopg_async://app:s3cret-word@127.0.0.1/ledger",
