@@ -290,3 +290,21 @@ def run_with_cuts(
         assert transaction_id is not None
         assert log[(context.partition, transaction_id)] == context.data
         assert context.outcomes.completions == [True]
+
+
+class BreakableStore(MemoryStore):
+    """A memory store whose ``apply_transaction`` raises while ``broken`` is set; its
+    ``uncaught_exception`` stays quiet (the tests read ``unhealthy_partitions()`` and the
+    client's counters, not the log)."""
+
+    def __init__(self, start: Mapping[int, int]) -> None:
+        super().__init__(start)
+        self.broken = threading.Event()
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        if self.broken.is_set():
+            raise RuntimeError(f"broken on purpose at transaction {transaction.transaction_id}")
+        super().apply_transaction(transaction)
+
+    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
+        pass  # expected while broken

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from support import settle
 
-from tests.client.client_helpers import Append, HeldAppend, Increment, MemoryStore
-from waltz import AsyncWaltzClient, PartitionLocalLock, Transaction, TransactionBuilder, WaltzClientConfig
+from tests.client.client_helpers import Append, BreakableStore, HeldAppend, Increment, MemoryStore
+from waltz import AsyncWaltzClient, PartitionLocalLock, TransactionBuilder, WaltzClientConfig
 from waltz.client.exit_hook import EXIT_WAIT
 from waltz.client.mount_procedure import PartitionState
 from waltz.errors import AsyncCallbackError, WaltzTimeoutError
@@ -262,29 +262,13 @@ def test_an_async_def_execute_is_refused_naming_it(
     assert [a.data for a in store.applied[0]] == [b"built"]
 
 
-class _BreakableStore(MemoryStore):
-    """A memory store whose ``apply_transaction`` raises while ``broken`` is set."""
-
-    def __init__(self, start: dict[int, int]) -> None:
-        super().__init__(start)
-        self.broken = threading.Event()
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        if self.broken.is_set():
-            raise RuntimeError(f"broken on purpose at transaction {transaction.transaction_id}")
-        super().apply_transaction(transaction)
-
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        pass  # expected while broken: unhealthy_partitions() is what the test reads
-
-
 def test_the_async_client_answers_the_inspections_that_ready_s_timeout_points_to(
     client_config: WaltzClientConfig, log_start: dict[int, int]
 ) -> None:
     """``ready()``'s timeout says to see ``unhealthy_partitions()``: the asyncio client has it, and
     the other in-memory inspections of ``WaltzClient`` (docs/design/client.md "WaltzClient and
     AsyncWaltzClient"). Before, they were missing (``AttributeError``)."""
-    store = _BreakableStore(log_start)
+    store = BreakableStore(log_start)
 
     async def main() -> None:
         client = AsyncWaltzClient(store, client_config)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 from prometheus_client import CollectorRegistry
 
-from tests.client.client_helpers import Append, MemoryStore
+from tests.client.client_helpers import Append, BreakableStore, MemoryStore
 from waltz import AsyncWaltzClient, PartitionLocalLock, Transaction, WaltzClient, WaltzClientConfig
 from waltz.local.processes import wait_until
 
@@ -18,22 +17,6 @@ def sample(registry: CollectorRegistry, name: str, partition: int | None = None)
     value = registry.get_sample_value(name, labels)
     assert value is not None, f"no sample {name}{labels}"
     return value
-
-
-class BreakableStore(MemoryStore):
-    """A memory store whose ``apply_transaction`` raises while ``broken`` is set."""
-
-    def __init__(self, start: dict[int, int]) -> None:
-        super().__init__(start)
-        self.broken = threading.Event()
-
-    def apply_transaction(self, transaction: Transaction) -> None:
-        if self.broken.is_set():
-            raise RuntimeError(f"broken on purpose at transaction {transaction.transaction_id}")
-        super().apply_transaction(transaction)
-
-    def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        pass  # expected while broken; the counter is what the test checks
 
 
 def test_counters_and_gauges_after_commits_and_a_lock_failure(

@@ -13,6 +13,7 @@ import support
 from support.feed import FeedEntry, feed_entries
 from support.storage import run
 
+from tests.services.server.clusters import raw_stream_cluster
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
@@ -23,18 +24,10 @@ DATA_CACHE_SIZE = 8
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=3,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("protocol-cluster"),
-        delete_root=True,
-        # A small data cache: data ranges come partly from the cache, partly from storage.
-        processes=ProcessOptions(
-            server_env={"WALTZ_SERVER_TRANSACTION_DATA_CACHE_SIZE": str(DATA_CACHE_SIZE)}
-        ),
+    # A small data cache: data ranges come partly from the cache, partly from storage.
+    cache = {"WALTZ_SERVER_TRANSACTION_DATA_CACHE_SIZE": str(DATA_CACHE_SIZE)}
+    with raw_stream_cluster(
+        tmp_path_factory, zookeeper, "protocol-cluster", storages=3, server_env=cache
     ) as local:
         yield local
 

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import grpc
 import pytest
-import support
 from support.storage import run
 
+from tests.services.server.clusters import raw_stream_cluster
 from tests.services.server.test_client_protocol import RawClient, generation_of
 from waltz.local.cluster import LocalCluster
-from waltz.local.options import ProcessOptions
 from waltz.protocol import client_pb2, client_pb2_grpc, common_pb2
 from waltz.protocol.records import crc32
 from waltz.protocol.server_client import ServerAdminClient
@@ -26,21 +25,11 @@ PER_MESSAGE = 200
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("peer-bounds-cluster"),
-        delete_root=True,
-        processes=ProcessOptions(
-            server_env={
-                "WALTZ_SERVER_MAX_LOCK_HASHES_PER_APPEND": str(PER_APPEND),
-                "WALTZ_SERVER_MAX_LOCK_HASHES_PER_MESSAGE": str(PER_MESSAGE),
-            }
-        ),
-    ) as local:
+    limits = {
+        "WALTZ_SERVER_MAX_LOCK_HASHES_PER_APPEND": str(PER_APPEND),
+        "WALTZ_SERVER_MAX_LOCK_HASHES_PER_MESSAGE": str(PER_MESSAGE),
+    }
+    with raw_stream_cluster(tmp_path_factory, zookeeper, "peer-bounds-cluster", server_env=limits) as local:
         yield local
 
 

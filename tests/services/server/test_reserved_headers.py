@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import support
 from support.storage import run
 
 from tests.client.client_helpers import Append, MemoryStore
+from tests.services.server.clusters import raw_stream_cluster
 from tests.services.server.test_client_protocol import RawClient, generation_of
 from waltz import WaltzClient, WaltzClientConfig
 from waltz.local.cluster import LocalCluster
@@ -29,15 +29,7 @@ BARRIER = SplitBarrier(epoch=1, count=2, previous_count=1, parent=0).encode()
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("reserved-headers-cluster"),
-        delete_root=True,
-    ) as local:
+    with raw_stream_cluster(tmp_path_factory, zookeeper, "reserved-headers-cluster") as local:
         yield local
 
 

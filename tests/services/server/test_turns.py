@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import Iterator
 
 import pytest
-import support
 from support.storage import run
 
+from tests.services.server.clusters import raw_stream_cluster
 from tests.services.server.test_client_protocol import RawClient, generation_of
 from tests.services.server.test_peer_bounds import resident_mib
 from waltz.local.cluster import LocalCluster
@@ -21,15 +21,7 @@ from waltz.services.server.appends import MAX_ROWS_PER_MESSAGE
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zookeeper: object) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        security=support.PLAINTEXT,
-        storages=1,
-        servers=1,
-        partitions=1,
-        zookeeper=zookeeper.connect_string,  # type: ignore[attr-defined]
-        work_dir=tmp_path_factory.mktemp("turns-cluster"),
-        delete_root=True,
-    ) as local:
+    with raw_stream_cluster(tmp_path_factory, zookeeper, "turns-cluster") as local:
         yield local
 
 
