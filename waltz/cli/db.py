@@ -22,7 +22,6 @@ from typing import Annotated
 
 import typer
 from alembic.util.exc import CommandError
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, SQLAlchemyError
 
 from waltz.cli.database_urls import first_line, url_hint
@@ -33,6 +32,7 @@ from waltz.errors import SqlFrameworkError
 from waltz.jdbc_style import migrations_api as api
 from waltz.jdbc_style import skips as skip_records
 from waltz.jdbc_style.binding import url_text
+from waltz.jdbc_style.engine import DatabaseUrlError, parse_database_url
 from waltz.logs import configure_logging
 
 app = typer.Typer(
@@ -56,18 +56,18 @@ _URL_FORM = " (expected dialect+driver://user:password@host:port/database)"
 def _database_errors(url: str) -> Iterator[None]:
     """Turn refusals and database errors into one-line messages and exit codes (no traceback).
 
-    The URL is parsed first: one whose port is not a number (``make_url``'s ``ValueError``, whose
-    text may be the password when the host is left out) exits 2 without running the command.
+    The URL is parsed first (``parse_database_url``): one whose port is not a number exits 2
+    without running the command, and without the port's text (the password when the host is
+    left out).
     """
     safe = url_text(url, hide_password=True)
     try:
-        make_url(url)
-    except ValueError:  # int(port); ArgumentError (bad syntax) is left to the handler below
-        raise fail(
-            f"cannot use the database URL {safe}: its port is not a number" + (url_hint(url) or _URL_FORM), 2
-        ) from None
-    except ArgumentError:
-        pass
+        parse_database_url(url)
+    except DatabaseUrlError as exc:  # bad syntax is left to the ArgumentError handler below
+        if exc.bad_port:
+            raise fail(
+                f"cannot use the database URL {safe}: {exc.problem}" + (url_hint(url) or _URL_FORM), 2
+            ) from None
     try:
         yield
     except skip_records.SkipRefusedError as exc:

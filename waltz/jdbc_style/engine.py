@@ -48,6 +48,7 @@ __all__ = [
     "emits_sqlite_begin",
     "is_prepared",
     "is_transient",
+    "parse_database_url",
     "prepare_engine",
 ]
 
@@ -258,7 +259,20 @@ class DatabaseUrlError(ArgumentError, ValueError):
     """A database URL that does not parse, or whose port is not a number. Its message never
     quotes the URL, which may hold a password (SQLAlchemy's own errors quote it, and take a
     password for the port when the host is left out); a subclass of both errors SQLAlchemy raises
-    for it, so that their handlers still catch it."""
+    for it, so that their handlers still catch it.
+
+    Attributes:
+        problem: what is wrong, in words that quote nothing of the URL ("its port is not a
+            number").
+        bad_port: the URL parses but for its port (``make_url``'s ``ValueError``).
+    """
+
+    def __init__(self, problem: str, *, bad_port: bool) -> None:
+        super().__init__(
+            f"the database URL is not a URL SQLAlchemy takes: {problem} (not shown: it may hold a password)"
+        )
+        self.problem = problem
+        self.bad_port = bad_port
 
 
 def parse_database_url(url: str | URL) -> URL:
@@ -272,12 +286,11 @@ def parse_database_url(url: str | URL) -> URL:
     try:
         return make_url(url)
     except ValueError:  # int() of the port: its text, or the password when the host is left out
-        problem = "its port is not a number"
+        problem, bad_port = "its port is not a number", True
     except ArgumentError:
-        problem = "it does not parse (dialect+driver://user:password@host:port/database)"
-    raise DatabaseUrlError(
-        f"the database URL is not a URL SQLAlchemy takes: {problem} (not shown: it may hold a password)"
-    )
+        problem, bad_port = "it does not parse (dialect+driver://user:password@host:port/database)", False
+    # Raised here, not in the handlers, so that the error carries no context quoting the URL.
+    raise DatabaseUrlError(problem, bad_port=bad_port)
 
 
 def refuse_async_bind(bind: object) -> None:

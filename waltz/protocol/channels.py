@@ -87,7 +87,8 @@ class TlsConfig:
         """Check that the files can be used, before any peer is tried: each one there, the key
         the certificate's, the CA file a PEM bundle (docs/operations.md, "Certificates"). gRPC
         would otherwise report every node unreachable, or retry a failing handshake until a
-        timeout.
+        timeout. The checks of :func:`check_server_tls_files`, each message naming the setting's
+        environment variable too.
 
         Args:
             settings: the settings' name and their environment variables' prefix, for the message
@@ -97,30 +98,18 @@ class TlsConfig:
             TlsFilesError: which setting (and variable), which file, and what is wrong with it.
         """
         name, env = settings
-        files = {"caFile": self.ca_file, "certFile": self.cert_file, "keyFile": self.key_file}
-        variables = {"caFile": f"{env}_CA_FILE", "certFile": f"{env}_CERT_FILE", "keyFile": f"{env}_KEY_FILE"}
-        for key, path in files.items():
-            if path is not None and not path.is_file():
-                raise TlsFilesError(f"{name}.{key} ({variables[key]}) {path}: no such file")
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        if self.cert_file is not None:
-            try:
-                context.load_cert_chain(str(self.cert_file), str(self.key_file) if self.key_file else None)
-            except ssl.SSLError as exc:
-                raise TlsFilesError(
-                    f"{name}.certFile {self.cert_file} and {name}.keyFile {self.key_file} cannot be used "
-                    f"together ({exc.reason or exc}): the key must be the certificate's, both PEM "
-                    f"({variables['certFile']}, {variables['keyFile']})"
-                ) from exc
-            except OSError as exc:
-                raise TlsFilesError(f"{name}.certFile or keyFile cannot be read: {exc}") from exc
-        if self.ca_file is not None:
-            try:
-                context.load_verify_locations(str(self.ca_file))
-            except (ssl.SSLError, OSError) as exc:
-                raise TlsFilesError(
-                    f"{name}.caFile ({variables['caFile']}) {self.ca_file} is not a PEM CA bundle ({exc})"
-                ) from exc
+        _check_tls_files(
+            name,
+            self.cert_file,
+            self.key_file,
+            self.ca_file,
+            variables={
+                "caFile": f"{env}_CA_FILE",
+                "certFile": f"{env}_CERT_FILE",
+                "keyFile": f"{env}_KEY_FILE",
+            },
+            purpose=ssl.PROTOCOL_TLS_CLIENT,
+        )
 
     def https_context(self) -> ssl.SSLContext:
         """A TLS context for HTTPS requests to the nodes' ``/metrics`` and ``/health``: verifying
@@ -197,24 +186,54 @@ def check_server_tls_files(cert_file: Path, key_file: Path, ca_file: Path | None
     Raises:
         TlsFilesError: which file, which setting, and what is wrong with it.
     """
-    missing = missing_tls_file(settings, {"certFile": cert_file, "keyFile": key_file, "caFile": ca_file})
-    if missing is not None:
-        raise TlsFilesError(missing)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(str(cert_file), str(key_file))
-    except ssl.SSLError as exc:
-        raise TlsFilesError(
-            f"{settings}.certFile {cert_file} and {settings}.keyFile {key_file} cannot be used together "
-            f"({exc.reason or exc}): the key must be the certificate's, both PEM"
-        ) from exc
-    except OSError as exc:
-        raise TlsFilesError(f"{settings}.certFile or keyFile cannot be read: {exc}") from exc
+    _check_tls_files(settings, cert_file, key_file, ca_file, variables=None, purpose=ssl.PROTOCOL_TLS_SERVER)
+
+
+def _check_tls_files(
+    settings: str,
+    cert_file: Path | None,
+    key_file: Path | None,
+    ca_file: Path | None,
+    *,
+    variables: dict[str, str] | None,
+    purpose: ssl._SSLMethod,
+) -> None:
+    """The checks of :func:`check_server_tls_files` and :meth:`TlsConfig.check_files`: each file
+    there, the certificate (when set) with its key, the CA file (when set) a PEM bundle.
+
+    Args:
+        settings: the settings' prefix (``storage.ssl``, ``cluster.ssl``).
+        variables: each setting's environment variable (``certFile`` -> ``WALTZ_..._CERT_FILE``),
+            named in the messages; None: the settings alone.
+        purpose: the side the files serve (a server's or a client's context).
+
+    Raises:
+        TlsFilesError: which setting, which file, and what is wrong with it.
+    """
+
+    def setting(key: str) -> str:
+        return f"{settings}.{key}" + ("" if variables is None else f" ({variables[key]})")
+
+    for key, path in {"certFile": cert_file, "keyFile": key_file, "caFile": ca_file}.items():
+        if path is not None and not path.is_file():
+            raise TlsFilesError(f"{setting(key)} {path}: no such file")
+    context = ssl.SSLContext(purpose)
+    if cert_file is not None:
+        try:
+            context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+        except ssl.SSLError as exc:
+            named = "" if variables is None else f" ({variables['certFile']}, {variables['keyFile']})"
+            raise TlsFilesError(
+                f"{settings}.certFile {cert_file} and {settings}.keyFile {key_file} cannot be used together "
+                f"({exc.reason or exc}): the key must be the certificate's, both PEM{named}"
+            ) from exc
+        except OSError as exc:
+            raise TlsFilesError(f"{settings}.certFile or keyFile cannot be read: {exc}") from exc
     if ca_file is not None:
         try:
             context.load_verify_locations(str(ca_file))
         except (ssl.SSLError, OSError) as exc:
-            raise TlsFilesError(f"{settings}.caFile {ca_file} is not a PEM CA bundle ({exc})") from exc
+            raise TlsFilesError(f"{setting('caFile')} {ca_file} is not a PEM CA bundle ({exc})") from exc
 
 
 def server_credentials(
