@@ -196,7 +196,7 @@ def _check_tls_files(
     ca_file: Path | None,
     *,
     variables: dict[str, str] | None,
-    purpose: ssl._SSLMethod,
+    purpose: int,
 ) -> None:
     """The checks of :func:`check_server_tls_files` and :meth:`TlsConfig.check_files`: each file
     there, the certificate (when set) with its key, the CA file (when set) a PEM bundle.
