@@ -121,6 +121,9 @@ class FakeHost:
     def refresh_assignment(self) -> None:
         pass
 
+    async def previous_apply_ended(self, partition_id: int) -> None:
+        pass
+
 
 class Data(TransactionContext):
     def __init__(self, data: bytes) -> None:

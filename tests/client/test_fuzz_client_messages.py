@@ -108,6 +108,9 @@ class Host:
     def refresh_assignment(self) -> None:
         self.outcomes.append(("refresh", None))
 
+    async def previous_apply_ended(self, partition_id: int) -> None:
+        pass
+
 
 class Data(TransactionContext):
     def partition_id(self, num_partitions: int) -> int:

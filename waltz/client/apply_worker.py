@@ -151,6 +151,12 @@ class ApplyWorker:
         """The worker thread's identifier (``threading.get_ident()`` on it; None before start)."""
         return self._thread.ident
 
+    @property
+    def running(self) -> bool:
+        """True while the worker's thread runs: started, and not yet ended (a closed worker's
+        thread ends once the apply in progress, if any, returns)."""
+        return self._thread.is_alive()
+
     def is_current_thread(self) -> bool:
         """True when called from this worker's thread (inside ``apply_transaction``)."""
         return threading.current_thread() is self._thread
@@ -204,7 +210,9 @@ class ApplyWorker:
             self._condition.notify()
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop after the apply in progress (queued transactions are left). Idempotent."""
+        """Stop after the apply in progress (queued transactions are left), waiting up to
+        ``timeout`` seconds for it; past them the thread is left to end when that apply returns
+        (:attr:`running`). Idempotent."""
         self._closed.set()
         with self._condition:
             self._condition.notify_all()

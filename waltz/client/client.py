@@ -281,6 +281,10 @@ class WaltzClient:
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
         """Mount exactly these partitions (for ``client.autoMount: false``); unmount the others.
 
+        An unmounted partition's apply in progress is waited for up to 10 s; past them this returns
+        with it still running, and a mount of that partition waits until it has returned, so a
+        partition never runs two applies (docs/design/client.md "Applying transactions").
+
         Raises:
             ValueError: a partition does not exist.
             WaltzClientError: a partition to unmount has contexts in flight (``flush()`` first).

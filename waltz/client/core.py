@@ -21,6 +21,7 @@ import time
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from waltz.client.apply_worker import ApplyWorker
 from waltz.client.attempt_runner import AttemptRunner
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
@@ -59,6 +60,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _INT32_MAX = (1 << 31) - 1
+
+#: Seconds ``set_partitions`` waits for the apply in progress of a partition it unmounts; past
+#: them it returns, and a mount of the partition waits for that apply (docs/design/client.md
+#: "Applying transactions").
+UNMOUNT_APPLY_WAIT = 10.0
+#: Seconds between two looks of a mount at an apply left running by an unmount.
+_RETIRING_POLL = 0.05
 
 
 class ClientCore:
@@ -116,6 +124,8 @@ class ClientCore:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._waits: set[concurrent.futures.Future[Any]] = set()  # _wait_on_loop's, until done
         self._waits_lock = threading.Lock()
+        # Partition -> the apply workers of its unmounts whose threads may still run (on the loop).
+        self._retiring: dict[int, list[ApplyWorker]] = {}
         self.metrics.watch(self.partition_gauges)
         self._tracing: ClientTracing | None = None
         try:
@@ -464,17 +474,47 @@ class ClientCore:
         self._spawn(self._refresh_assignment())
 
     async def _set_partitions(self, partition_ids: set[int]) -> None:
-        for pid, partition in self.partitions.items():
+        for pid, partition in list(self.partitions.items()):
             if pid in partition_ids:
                 partition.mount()
             elif partition.wanted:
                 worker = partition.detach()
                 if worker is not None:
-                    await asyncio.to_thread(worker.close)
+                    # Noted before the wait: a mount made meanwhile waits for this worker too.
+                    self._retiring.setdefault(pid, []).append(worker)
+                    await asyncio.to_thread(worker.close, UNMOUNT_APPLY_WAIT)
         self._spawn(self._refresh_assignment())
 
+    async def previous_apply_ended(self, partition_id: int) -> None:
+        """Wait (on the loop) until no apply of an earlier mount of the partition runs: an unmount
+        stops the partition's apply worker after its apply in progress, and ``set_partitions``
+        returns after :data:`UNMOUNT_APPLY_WAIT` seconds even when that apply still runs. A mount
+        reads the callbacks' mark only after this, so the transaction that apply had is not
+        handed to a second one beside it (docs/design/client.md "Applying transactions").
+        Returns at once when there is no such apply."""
+        workers = self._retiring.get(partition_id)
+        waiting = False
+        while workers:
+            workers[:] = [worker for worker in workers if worker.running]
+            if not workers:
+                break
+            if not waiting:
+                waiting = True
+                log.info(
+                    "partition %d: mounting again once the apply_transaction still running since its "
+                    "unmount returns",
+                    partition_id,
+                )
+            await asyncio.sleep(_RETIRING_POLL)
+        if waiting:
+            log.info("partition %d: the apply left running at its unmount returned", partition_id)
+        if workers is not None and not workers and self._retiring.get(partition_id) is workers:
+            del self._retiring[partition_id]
+
     def set_partitions(self, partition_ids: Iterable[int]) -> None:
-        """Mount exactly these partitions (auto-mount off); unmount the others.
+        """Mount exactly these partitions (auto-mount off); unmount the others, waiting up to
+        :data:`UNMOUNT_APPLY_WAIT` seconds for each one's apply in progress (a mount of it waits
+        for an apply still running then: :meth:`previous_apply_ended`).
 
         Raises:
             ValueError: a partition does not exist.

@@ -79,6 +79,11 @@ class MountHost(Protocol):
         """Re-read the partition assignment from ZooKeeper (it may have changed)."""
         ...
 
+    async def previous_apply_ended(self, partition_id: int) -> None:
+        """Wait until no apply of an earlier mount of the partition runs (one an unmount left
+        running); at once when there is none."""
+        ...
+
 
 class MountSteps(Protocol):
     """The steps of the procedure that belong to the partition it mounts (its feed, its appends)."""
@@ -297,6 +302,9 @@ class MountProcedure:
         loop = asyncio.get_running_loop()
         while self.state is _MOUNTING:
             self._wakeup.clear()
+            # An apply an unmount left running ends before the callbacks' mark is read: its
+            # transaction must not be fed to this mount's worker too.
+            await self._host.previous_apply_ended(self._partition_id)
             endpoint, generation = self.endpoint, self.generation
             if endpoint is None:
                 await self._wakeup.wait()
