@@ -23,6 +23,7 @@ from waltz import (
 )
 from waltz.errors import (
     ApplyPausedError,
+    ClientClosedError,
     PartitionNotMountedError,
     PartitionPausedError,
     TransactionExpiredError,
@@ -858,3 +859,86 @@ def test_a_retry_that_waits_for_a_transaction_the_instance_cannot_apply_ends(
         assert behind.outcomes.executions == 1
         older_instance.flush(30)
         assert not older_instance.has_pending_transactions()
+
+
+#: The names of the threads a client starts for itself begin with these.
+CLIENT_THREADS = ("waltz-retry", "waltz-complete", "waltz-apply-")
+
+
+class NotesItsClose(MemoryStore):
+    """A store that notes its client's ``client_closed``."""
+
+    def __init__(self, start: dict[int, int]) -> None:
+        super().__init__(start)
+        self.client_closed_called = threading.Event()
+
+    def client_closed(self) -> None:
+        self.client_closed_called.set()
+
+
+class ClosesItsClient(Append):
+    """Closes its client from the callback of its outcome: ``on_completion`` (on the completion
+    thread) once committed, or ``on_exception`` (on a retry thread) when its retry raises."""
+
+    def __init__(self, client: WaltzClient, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.client = client
+        self.closed = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = ""
+
+    def execute(self, builder: TransactionBuilder) -> bool:
+        if self.outcomes.executions >= 1:
+            raise RuntimeError("the retry of a context that closes its client")
+        return super().execute(builder)
+
+    def _close(self) -> None:
+        self.thread = threading.current_thread().name
+        try:
+            self.client.close()
+        except BaseException as exc:
+            self.error = exc
+        self.closed.set()
+
+    def on_completion(self, result: bool) -> None:
+        super().on_completion(result)
+        self._close()
+
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        self._close()
+
+
+@pytest.mark.parametrize("callback", ["on_completion", "on_exception"])
+def test_close_from_a_callback_on_a_client_thread_closes_the_client_and_ends_its_threads(
+    client_config: WaltzClientConfig, log_start: dict[int, int], callback: str
+) -> None:
+    """``close()`` called on the completion thread or on a retry thread (a context's callback, a
+    future's done-callback) cannot wait for its own thread to end: it closes the client all the
+    same, without an error, calls ``client_closed``, and the client's threads end once the
+    callback returned."""
+    store = NotesItsClose(log_start)
+    before = set(threading.enumerate())
+    client = WaltzClient(store, client_config)
+    try:
+        if callback == "on_completion":
+            context = ClosesItsClient(client, 0, b"closes on completion")
+        else:  # a stale mark: its lock check fails, and its retry raises on a retry thread
+            lock = PartitionLocalLock("closes", 1)
+            assert client.submit(Append(0, b"first", write_lock=lock)).result(30).committed
+            context = ClosesItsClient(client, 0, b"stale", write_lock=lock, high_water_mark=log_start[0])
+        client.submit(context)
+        assert context.closed.wait(30), f"{callback} never ran"
+        assert context.error is None, f"close() in {callback} raised {context.error!r}"
+        expected = "waltz-complete" if callback == "on_completion" else "waltz-retry"
+        assert context.thread.startswith(expected), context.thread
+        assert store.client_closed_called.wait(10), "client_closed was not called"
+
+        def left() -> list[str]:
+            return [t.name for t in set(threading.enumerate()) - before if t.name.startswith(CLIENT_THREADS)]
+
+        wait_until(lambda: not left(), timeout=10, what="the client's threads to end")
+        with pytest.raises(ClientClosedError):
+            client.submit(Append(0, b"after the close"))
+    finally:
+        client.close()

@@ -110,8 +110,11 @@ class AttemptRunner:
         self._inbox: deque[tuple[ClientPartition, Submission, AppendPayload, float]] = deque()
         self._inbox_lock = threading.Lock()
         self._inbox_scheduled = False
+        self._retry_idents: set[int] = set()  # the retry threads' (close() may run on one)
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            config.client_num_transaction_retry_threads, thread_name_prefix="waltz-retry"
+            config.client_num_transaction_retry_threads,
+            thread_name_prefix="waltz-retry",
+            initializer=self._note_retry_thread,
         )
         # Lock failures' retries that wait for their partition's apply, by partition (any thread):
         # ended if the apply starts to wait for this instance's upgrade (apply_paused).
@@ -818,6 +821,9 @@ class AttemptRunner:
     def _note_completer(self) -> None:
         self._completer_ident = threading.get_ident()
 
+    def _note_retry_thread(self) -> None:
+        self._retry_idents.add(threading.get_ident())
+
     def _wait_refusal(self) -> str | None:
         """Why a wait for a submission's outcome on the calling thread would hold back that
         outcome, or None (:class:`~waltz.client.submission.SubmissionFuture`)."""
@@ -852,7 +858,9 @@ class AttemptRunner:
 
     def close(self) -> None:
         """Fail every submission still in flight (the client's loop no longer serves it) and stop
-        the retry and completion threads."""
+        the retry and completion threads, waiting for them to end; called on one of them (a
+        context's callback, a future's done-callback closing the client), not for that one, which
+        ends once its work returns (docs/design/client.md "WaltzClient and AsyncWaltzClient")."""
         self._closed = True
         in_flight = self._in_flight.close()
         error = ClientClosedError(
@@ -861,8 +869,9 @@ class AttemptRunner:
         )
         for submission in in_flight:
             submission.fail(error)
-        self._completer.shutdown(wait=True, cancel_futures=False)
-        self._executor.shutdown(wait=True, cancel_futures=False)
+        here = threading.get_ident()  # a thread cannot wait for its own end
+        self._completer.shutdown(wait=here != self._completer_ident, cancel_futures=False)
+        self._executor.shutdown(wait=here not in self._retry_idents, cancel_futures=False)
 
 
 #: Seconds between the attempts of a context refused ``PARTITION_NOT_OPEN`` by an owner whose

@@ -340,6 +340,9 @@ class WaltzClient:
 
         Contexts still in flight fail with :class:`~waltz.errors.ClientClosedError` (their
         appends may or may not have been committed); call :meth:`flush` first to avoid that.
+        It may be called from the client's callbacks, on its own threads: it does not wait for the
+        thread it runs on, which ends once the callback returns (docs/design/client.md
+        "WaltzClient and AsyncWaltzClient").
         """
         self._core.close()
 

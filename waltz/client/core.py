@@ -721,7 +721,9 @@ class ClientCore:
         """Stop everything; submissions still in flight fail with :class:`ClientClosedError`.
 
         Their appends may or may not have been committed: the log (the high-water mark after the
-        next start) tells. Idempotent.
+        next start) tells. Idempotent. Called on a thread of the client (a callback closing it),
+        it waits for the client's other threads, not for its own, which ends once the callback
+        returns (docs/design/client.md "WaltzClient and AsyncWaltzClient").
         """
         if self._closed:
             return
@@ -750,7 +752,13 @@ class ClientCore:
         if data_client is not None:
             data_client.open = False
         if attempts is not None:
-            attempts.close()
+            try:
+                attempts.close()
+            except Exception:  # the rest of the close (client_closed) happens all the same
+                log.exception(
+                    "Waltz client %s: stopping its retry and completion threads failed",
+                    getattr(self, "client_id", "?"),
+                )
         if self._tracing is not None:
             self._tracing.close()
         try:
