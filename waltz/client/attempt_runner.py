@@ -138,8 +138,10 @@ class AttemptRunner:
     # --- submit: admission, read your writes, the first attempt ----------------------------------
 
     def submit(self, context: TransactionContext, with_future: bool) -> Submission:
-        """Admit a context (blocking at the concurrency limit), then run its first attempt on the
-        calling thread (``WaltzClient.submit`` and ``WaltzClient.execute``).
+        """Admit a context (blocking at the concurrency limit, up to the context's timeout, after
+        which it expires with no slot taken), then run its first attempt on the calling thread
+        (``WaltzClient.submit`` and ``WaltzClient.execute``; docs/design/client.md "Back
+        pressure").
 
         A context routed to a partition this client does not have (a new partition of a split, not
         open yet) is admitted on its ancestor's slot and waits for the partition epochs to move,
@@ -164,8 +166,11 @@ class AttemptRunner:
                 )
         else:
             long_wait = self._config.client_long_wait_threshold
-            while not in_flight.admit(submission, long_wait):
+            while not in_flight.admit(submission, _slot_wait(submission, long_wait)):
                 self.check_open()
+                if submission.expired():  # no slot within its timeout: it ends with none
+                    submission.expire()
+                    return submission
                 self._nudge([partition.partition_id])
         if partition.partition_id != submission.partition_id:  # a partition not open yet
             self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
@@ -178,7 +183,8 @@ class AttemptRunner:
 
     async def submit_async(self, context: TransactionContext) -> Submission:
         """As :meth:`submit` with a future, for a coroutine: waits only while the partition is at
-        the concurrency limit or for read your writes (``AsyncWaltzClient.submit``). The first
+        the concurrency limit (up to the context's timeout, as :meth:`submit`) or for read your
+        writes (``AsyncWaltzClient.submit``). The first
         attempt runs on the calling loop, or, for a context whose ``execute`` blocks
         (``TransactionContext.execute_blocks``), on a retry thread while the coroutine awaits it:
         the loop never waits for a database.
@@ -190,8 +196,11 @@ class AttemptRunner:
         other, and its concurrency slot is freed then."""
         partition, submission = self._new_submission(context, True)
         long_wait = self._config.client_long_wait_threshold
-        while not await self._in_flight.admit_async(submission, long_wait):
+        while not await self._in_flight.admit_async(submission, _slot_wait(submission, long_wait)):
             self.check_open()
+            if submission.expired():  # no slot within its timeout: it ends with none
+                submission.expire()
+                return submission
             self._nudge([partition.partition_id])
         if partition.partition_id != submission.partition_id:  # a partition not open yet
             self._call_on_loop(self._wait_for_route, submission, self._not_open(submission))
@@ -902,6 +911,15 @@ def _ancestor_among(view: RoutingView, partition_id: int, partitions: Mapping[in
         if c >= epoch.previous_count:
             c %= epoch.previous_count
     return c % view.epochs.initial_count
+
+
+def _slot_wait(submission: Submission, long_wait: float) -> float:
+    """Seconds a context at its partition's concurrency limit waits for a slot before it looks
+    again: ``long_wait`` (``client.longWaitThreshold``, then it nudges the partition), or less when
+    its timeout comes first (it then expires without a slot; docs/design/client.md "Back
+    pressure")."""
+    remaining = submission.remaining()
+    return long_wait if remaining is None else min(long_wait, remaining)
 
 
 def _waited_mark(partition: ClientPartition, submission: Submission) -> Watermark:

@@ -153,7 +153,10 @@ class WaltzClient:
         """Submit a transaction context; runs its first attempt on this thread.
 
         Blocks while the context's partition has ``client.maxConcurrentTransactions`` contexts in
-        flight (nudging the server with a flush after ``client.longWaitThreshold``).
+        flight (nudging the server with a flush after ``client.longWaitThreshold``); a context
+        with a ``timeout`` waits at most that long, then expires without a slot
+        (``on_expiration``, and the future raises :class:`~waltz.errors.TransactionExpiredError`;
+        docs/design/client.md "Back pressure").
 
         Returns:
             A future of the context's :class:`~waltz.client.outcome.Outcome` (docs/design/client.md
