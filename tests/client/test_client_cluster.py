@@ -942,3 +942,40 @@ def test_close_from_a_callback_on_a_client_thread_closes_the_client_and_ends_its
             client.submit(Append(0, b"after the close"))
     finally:
         client.close()
+
+
+class SlowApply(MemoryStore):
+    """Applies as :class:`MemoryStore`, each transaction after ``pause`` seconds."""
+
+    def __init__(self, start: dict[int, int], pause: float) -> None:
+        super().__init__(start)
+        self.pause = pause
+
+    def apply_transaction(self, transaction: Transaction) -> None:
+        time.sleep(self.pause)
+        super().apply_transaction(transaction)
+
+
+def test_a_read_your_writes_wait_that_raises_fails_its_context_and_frees_its_slot(
+    client_config: WaltzClientConfig, log_start: dict[int, int]
+) -> None:
+    """A submit's wait to read its client's own last commit raised (a timeout of 1e300 s, which
+    ``model_copy`` does not check, overflows the thread wait): the context fails with that error,
+    its concurrency slot is given back, and ``flush`` and later submissions go on."""
+    store = SlowApply(log_start, pause=1.0)
+    config = client_config.model_copy(update={"client_read_your_writes_timeout": 1e300})
+    with WaltzClient(store, config) as client:
+        assert client.submit(Append(0, b"first")).result(30).committed
+        context = Append(0, b"behind its own write")
+        future = client.submit(context)  # the first commit is not applied yet: it waits
+        with pytest.raises(OverflowError):
+            future.result(30)
+        assert len(context.outcomes.exceptions) == 1 and context.outcomes.executions == 0
+        assert (
+            client.metrics.get_sample_value(
+                "waltz_client_partition_transactions_in_flight", {"partition": "0"}
+            )
+            == 0
+        )
+        client.flush(10)
+        assert not client.has_pending_transactions()

@@ -177,3 +177,31 @@ def test_a_misspelt_variable_of_a_setting_is_said_to_be_ignored_once(
     assert len(warned) == 1, warned
     assert "WALTZ_CLIENT_SSL_CA_FILE is no setting of WaltzClientConfig and is ignored" in warned[0]
     assert "did you mean WALTZ_CLIENT_TLS_CA_FILE?" in warned[0]
+
+
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [
+        ("client.readYourWritesTimeout", "client_read_your_writes_timeout"),
+        ("client.transactionDataTimeout", "client_transaction_data_timeout"),
+        ("client.longWaitThreshold", "client_long_wait_threshold"),
+        ("zookeeper.sessionTimeout", "zookeeper_session_timeout"),
+    ],
+)
+def test_a_timeout_beyond_a_day_is_refused_naming_its_key_and_where_it_was_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, field: str
+) -> None:
+    """A timeout of 1e300 s would be taken, and then overflow the waits it bounds (a submit raised
+    OverflowError and kept its concurrency slot): the client's timeouts are at most a day."""
+    assert WaltzClientConfig(zookeeper_connect_string="z", cluster_root="/w", **{field: 86_400})
+    with pytest.raises(ValidationError, match=rf"(?s){field}.*86400"):
+        WaltzClientConfig(zookeeper_connect_string="z", cluster_root="/w", **{field: 1e300})
+    path = tmp_path / "client.yaml"
+    path.write_text(f"zookeeper.connectString: z\ncluster.root: /w\n{key}: 1e300\n")
+    with pytest.raises(ConfigurationError, match=rf"(?s){path.name}.*{field}.*86400"):
+        load_settings(WaltzClientConfig, path)
+    path.write_text("zookeeper.connectString: z\ncluster.root: /w\n")
+    variable = f"WALTZ_{field.upper()}"
+    monkeypatch.setenv(variable, "1e300")
+    with pytest.raises(ConfigurationError, match=rf"(?s){variable}.*86400"):
+        load_settings(WaltzClientConfig, path)

@@ -147,6 +147,9 @@ class AttemptRunner:
         open yet) is admitted on its ancestor's slot and waits for the partition epochs to move,
         as a context refused for its epoch does (:meth:`route_again`).
 
+        An error of its wait to read this client's own writes ends the context with that error
+        (its slot freed), as an error of ``execute`` would.
+
         Raises:
             ClientClosedError: the client is closed.
             PartitionNotMountedError: the partition is not mounted (auto-mount off).
@@ -177,7 +180,13 @@ class AttemptRunner:
             return submission
         wait = self._read_your_writes_wait(partition, submission)
         if wait is not None:
-            _waited_mark(partition, submission).wait(*wait)
+            try:
+                _waited_mark(partition, submission).wait(*wait)
+            except BaseException as exc:  # the context ends with it, freeing its slot
+                submission.fail(exc)
+                if not isinstance(exc, Exception):
+                    raise  # KeyboardInterrupt, SystemExit: the context ended, the caller goes
+                return submission
         self._first_attempt(partition, submission)
         return submission
 
@@ -215,6 +224,9 @@ class AttemptRunner:
                 left = max(0.0, deadline - time.monotonic())
                 self._call_on_loop(self._first_attempt_after_wait, partition, submission, target, left)
                 raise
+            except Exception as exc:  # the context ends with it, freeing its slot
+                submission.fail(exc)
+                return submission
         if not context.execute_blocks:
             self._first_attempt(partition, submission)
             return submission

@@ -22,7 +22,12 @@ from waltz.config import WaltzSettings
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
 from waltz.protocol.channels import CLIENT_TLS_SETTINGS, DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
-__all__ = ["WaltzClientConfig"]
+__all__ = ["MAX_TIMEOUT_SECONDS", "WaltzClientConfig"]
+
+#: The longest timeout of the client's settings, in seconds: a day. Larger values overflow the
+#: waits they bound (a thread's wait takes at most ``threading.TIMEOUT_MAX``); no wait of the
+#: client is meant to last that long.
+MAX_TIMEOUT_SECONDS = 86_400.0
 
 
 class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
@@ -77,7 +82,9 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
       ``Transaction.get_data`` keeps retrying.
     - ``client.readYourWritesTimeout`` (``client_read_your_writes_timeout``): seconds a new
       attempt waits for this client's own committed transactions of the partition to be applied
-      before it executes (so that a read-modify-write sees its previous write).
+      before it executes (so that a read-modify-write sees its previous write). This and the
+      other timeouts (``zookeeper.sessionTimeout``, ``client.longWaitThreshold``,
+      ``client.transactionDataTimeout``) are at most :data:`MAX_TIMEOUT_SECONDS`, a day.
     - ``client.maxMessageBytes`` (``client_max_message_bytes``): gRPC message size limit.
     - ``client.tracing`` (``client_tracing``): OpenTelemetry traces of this client's transactions
       (docs/tracing.md; needs the ``waltz-py[tracing]`` extra).
@@ -120,7 +127,10 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
 
     zookeeper_connect_string: str = Field(description="ZooKeeper connect string, e.g. 127.0.0.1:2181.")
     zookeeper_session_timeout: float = Field(
-        default=10.0, gt=0, description="ZooKeeper session timeout in seconds."
+        default=10.0,
+        gt=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="ZooKeeper session timeout in seconds (at most a day).",
     )
     cluster_root: str = Field(description="The cluster root znode, e.g. /waltz/cluster1.")
     client_auto_mount: bool = Field(default=True, description="Mount every partition at start.")
@@ -132,7 +142,9 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
     client_long_wait_threshold: float = Field(
         default=1.0,
         gt=0,
-        description="Seconds of blocking after which the client nudges the server with a flush.",
+        le=MAX_TIMEOUT_SECONDS,
+        description="Seconds of blocking after which the client nudges the server with a flush "
+        "(at most a day).",
     )
     client_num_transaction_retry_threads: int = Field(
         default=2,
@@ -184,10 +196,16 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         "partition's linger does not act (0: none).",
     )
     client_transaction_data_timeout: float = Field(
-        default=60.0, gt=0, description="Seconds Transaction.get_data retries before giving up."
+        default=60.0,
+        gt=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="Seconds Transaction.get_data retries before giving up (at most a day).",
     )
     client_read_your_writes_timeout: float = Field(
-        default=10.0, ge=0, description="Seconds an attempt waits for the client's own commits to be applied."
+        default=10.0,
+        ge=0,
+        le=MAX_TIMEOUT_SECONDS,
+        description="Seconds an attempt waits for the client's own commits to be applied (at most a day).",
     )
     client_max_message_bytes: int = Field(
         default=DEFAULT_MAX_MESSAGE_BYTES,
