@@ -839,6 +839,53 @@ def test_an_operator_skip_of_a_split_barrier_passes_over_it(engine: Engine, db_u
     assert callbacks.high_water_marks() == {0: 1} and callbacks.skipped == [(0, 1)]
 
 
+def skip_requests(engine: Engine) -> dict[int, bool]:
+    """Each skip request's transaction ID: whether it is still pending."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT transaction_id, skipped_at FROM waltz_skipped_transactions"))
+        return {int(tid): skipped_at is None for tid, skipped_at in rows}
+
+
+def test_an_operator_skip_passes_over_only_the_transaction_whose_own_apply_failed(
+    engine: Engine, db_url: str
+) -> None:
+    """docs/design/sql.md "Skipping a transaction": a transaction that applies after the request
+    (the code was fixed meanwhile) is applied and the request stays pending, also when the fixed
+    release is handed it in one group with a later transaction that fails, and when the request
+    was recorded before any apply of it failed."""
+
+    def old_bug(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id in (1, 2):
+            raise ValueError(f"the old release cannot apply transaction {transaction.transaction_id}")
+
+    def fixed_bug(transaction: Transaction, session: Session, attempt: int) -> None:
+        if transaction.transaction_id == 2:  # the fix handles 1; 2 still fails
+            raise ValueError("the fixed release cannot apply transaction 2")
+
+    old = Recorder(engine, old_bug)
+    old.apply_transaction(txn(0, 0))
+    with pytest.raises(ValueError, match="old release cannot apply transaction 1"):
+        old.apply_transaction(txn(0, 1))
+    request_skip(
+        engine, cluster_name="test-cluster", partition_id=0, transaction_id=1, reason="r", operator="ops"
+    )
+    for fixed in (Recorder(engine, fixed_bug), Recorder(engine, fixed_bug)):
+        # The second instance has seen 1 fail nowhere: its group fails at once on 2 (1 applied).
+        with pytest.raises(TransactionApplyError) as caught:
+            fixed.apply_transactions([txn(0, 1), txn(0, 2)])
+        assert caught.value.transaction_id == 2
+        assert fixed.high_water_marks() == {0: 1} and fixed.skipped == []
+    assert item(engine) == 2  # 0 and 1 applied, 1 once
+    assert skip_requests(engine) == {1: True}  # still pending: nothing was skipped
+    # 2's own apply failed in this instance: a request for it is honoured at its next attempt.
+    request_skip(
+        engine, cluster_name="test-cluster", partition_id=0, transaction_id=2, reason="r", operator="ops"
+    )
+    fixed.apply_transactions([txn(0, 2), txn(0, 3)])
+    assert fixed.high_water_marks() == {0: 3} and fixed.skipped == [(0, 2)]
+    assert item(engine) == 3 and skip_requests(engine) == {1: True, 2: False}
+
+
 #: The genesis of partition 1, a new child of partition 0 whose barrier is at 40: at 41.
 CHILD_GENESIS = SplitGenesis(epoch=1, count=2, previous_count=1, parent=0, barrier=40).encode()
 

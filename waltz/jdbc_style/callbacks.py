@@ -18,9 +18,11 @@ Deadlocks, serialization failures, lock wait timeouts and lost connections are r
 exponential backoff (tenacity); any other error rolls the transaction back and is raised to the
 client, which reports it to :meth:`uncaught_exception` and retries the same transaction later
 without moving the mark. A transaction whose apply keeps failing can be skipped only by an
-operator (``waltz db skip``), audited in ``waltz_skipped_transactions``, but never a partition
-split's genesis (docs/design/splits.md "The SQL framework across a split"): the instance that would
-act on the request holds the transaction, refuses the skip and applies it as usual.
+operator (``waltz db skip``), audited in ``waltz_skipped_transactions``, by an instance whose
+last attempt failed on that very transaction (docs/design/sql.md "Skipping a transaction"), but
+never a partition split's genesis (docs/design/splits.md "The SQL framework across a split"): the
+instance that would act on the request holds the transaction, refuses the skip and applies it as
+usual.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import tenacity
 from sqlalchemy import Engine, select, update
@@ -76,6 +78,15 @@ __all__ = ["AbstractClientCallbacksForSQL", "ApplySession", "MarkSnapshot"]
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class _Failure(NamedTuple):
+    """A partition's last failed apply attempt here: ``transaction_id`` is the transaction whose
+    own apply failed, or None when the attempt was a group whose failure names none of them (the
+    one-by-one retry that follows finds it); only that transaction can be skipped on an
+    operator's request."""
+
+    transaction_id: int | None
 
 
 class _UnsettledError(Exception):
@@ -146,7 +157,8 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._retrying = threading.local()  # each thread's idle tenacity.Retrying (see _retry)
         self._applied: dict[int, int] = {}
         self._applied_changed = threading.Condition()
-        self._failing: set[int] = set()
+        # Partitions whose last apply attempt here failed: which transaction failed (see _Failure).
+        self._failing: dict[int, _Failure] = {}
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
         budget = IdleBudget(self.engine)
@@ -556,7 +568,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             self._apply_failed(partition_id)
             raise
         self._appliers.give_back(conn)
-        self._failing.discard(partition_id)
+        self._failing.pop(partition_id, None)
         return result
 
     def _announce(self, partition_id: int, applied: Sequence[Transaction], new_mark: int) -> None:
@@ -691,11 +703,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 first = pending[0].transaction_id
                 if first != mark + 1:
                     raise HighWaterMarkGapError(self.cluster_name, partition_id, mark, first)
-                skips = (
-                    self._operator_skips(conn, partition_id, first)
-                    if partition_id in self._failing
-                    else set()
-                )
+                skips = self._operator_skips(conn, partition_id, first)
                 self._run_apply(conn, pending, skips, alone)
                 new_mark = pending[-1].transaction_id
                 self.marks.advance(conn, partition_id, mark, new_mark)
@@ -727,9 +735,11 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         session = ApplySession(bind=conn, lead=lead)
         session.grouped = len(pending) > 1
         session.alone = alone
+        current: Transaction | None = None  # whose apply runs (None: after them, the flush)
         try:
             with apply_guard(conn):
                 for transaction in pending:
+                    current = transaction
                     if transaction.transaction_id in skips:
                         refusal = _skip_refusal(transaction)
                         if refusal is None:
@@ -739,6 +749,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                     if transaction.header == SPLIT_RECORD_HEADER and not self.applies_split_records:
                         continue  # changes no row of the application; the mark moves past it
                     self.apply(transaction, session)
+                current = None
                 session.flush()  # the staged writes too
                 if mark is not None and not session.lead_moved:
                     # The move failed inside apply(), which caught the error: nothing may commit.
@@ -753,22 +764,33 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
             ):
                 raise _UnsettledError(str(exc)) from exc
             if not (is_transient(exc) or isinstance(exc, _UnsettledError)):
-                self._failing.add(pending[0].partition_id)
+                # The failure is that transaction's own when it was the only one of the attempt,
+                # or the first of a group and failed in its apply; a later one's apply (or the
+                # group's flush) may have run writes staged by those before it: unknown.
+                own = len(pending) == 1 or (current is not None and current is pending[0])
+                self._failing[pending[0].partition_id] = _Failure(pending[0].transaction_id if own else None)
             raise
         finally:
             if not conn.invalidated:
                 Session.close(session)
 
     def _operator_skips(self, conn: Connection, partition_id: int, first: int) -> set[int]:
-        rows = conn.execute(
+        """The transactions of the attempt starting at ``first`` to pass over on an operator's
+        request: ``{first}`` when its own last apply attempt here failed and a request for it is
+        pending, else none (docs/design/sql.md "Skipping a transaction": a transaction that
+        applies after the request is applied, and the request stays pending)."""
+        failure = self._failing.get(partition_id)
+        if failure is None or failure.transaction_id != first:
+            return set()
+        requested = conn.execute(
             select(skipped_transactions.c.transaction_id).where(
                 (skipped_transactions.c.cluster_name == self.cluster_name)
                 & (skipped_transactions.c.partition_id == partition_id)
-                & (skipped_transactions.c.transaction_id >= first)
+                & (skipped_transactions.c.transaction_id == first)
                 & skipped_transactions.c.skipped_at.is_(None)
             )
-        )
-        return {int(row[0]) for row in rows}
+        ).first()
+        return set() if requested is None else {first}
 
     def _record_skip(self, conn: Connection, transaction: Transaction) -> None:
         table = skipped_transactions
