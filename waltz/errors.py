@@ -565,10 +565,11 @@ class ApplyPausedError(WaltzError):
     """A transaction this instance cannot apply until its code is upgraded; its partition waits.
 
     The record is of a newer form or schema version than the instance's code knows (a rolling
-    deploy under way: docs/design/sql.md "Schema versions and upcasting"). It is never skipped and
-    nothing of it is applied: the partition's apply waits and retries rarely, its health names
-    the reason, and the instance's other partitions go on. Restarting the instance on the new
-    code resumes it.
+    deploy under way: docs/design/sql.md "Schema versions and upcasting"). It is never skipped,
+    not even on an operator's request (docs/design/sql.md "Skipping a transaction": refused, the
+    request stays pending), and nothing of it is applied: the partition's apply waits and retries
+    rarely, its health names the reason, and the instance's other partitions go on. Restarting the
+    instance on the new code resumes it.
     """
 
 

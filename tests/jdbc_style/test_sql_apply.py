@@ -36,6 +36,7 @@ from waltz.errors import (
 )
 from waltz.jdbc_style import (
     AbstractClientCallbacksForSQL,
+    AddAttribute,
     ChangeSet,
     ChangeSetApplyError,
     ChangeSetCallbacks,
@@ -55,6 +56,7 @@ from waltz.jdbc_style.idempotency import (
 )
 from waltz.jdbc_style.migrations_api import upgrade
 from waltz.jdbc_style.skips import request_skip
+from waltz.jdbc_style.upcasting import SchemaVersionAheadError
 from waltz.protocol.records import ReqId
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
 
@@ -884,6 +886,104 @@ def test_an_operator_skip_passes_over_only_the_transaction_whose_own_apply_faile
     fixed.apply_transactions([txn(0, 2), txn(0, 3)])
     assert fixed.high_water_marks() == {0: 3} and fixed.skipped == [(0, 2)]
     assert item(engine) == 3 and skip_requests(engine) == {1: True, 2: False}
+
+
+class OldRelease(DeclarativeBase):
+    pass
+
+
+class OldWidget(OldRelease):
+    """The widget model of an instance still on the old release: schema version 1."""
+
+    __tablename__ = "widgets"
+    __waltz__ = WaltzEntity("widget")
+    widget_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    n: Mapped[int]
+
+
+class NewRelease(DeclarativeBase):
+    pass
+
+
+class NewWidget(NewRelease):
+    """The next release's widget: version 2, with a label; it also declares the gadget."""
+
+    __tablename__ = "widgets"
+    __waltz__ = WaltzEntity("widget", schema_version=2, upcasters=[AddAttribute(1, "label", "-")])
+    widget_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    n: Mapped[int]
+    label: Mapped[str] = mapped_column(sa.String(20), server_default="-")
+
+
+class NewGadget(NewRelease):
+    __tablename__ = "gadgets"
+    __waltz__ = WaltzEntity("gadget")
+    gadget_id: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+
+
+#: What a new release writes that the old one cannot apply: its error, and the change.
+NEWER_CHANGES = {
+    "newer schema version": (
+        SchemaVersionAheadError,
+        RowChange(Operation.UPDATE, "widget", {"widget_id": 1}, {"widget_id": 1, "n": 2, "label": "x"}, 2),
+    ),
+    "undeclared entity": (
+        EntityNotDeclaredError,
+        RowChange(Operation.INSERT, "gadget", {"gadget_id": 7}, {"gadget_id": 7}),
+    ),
+}
+
+
+@pytest.mark.parametrize("newer", sorted(NEWER_CHANGES))
+def test_an_operator_skip_of_a_transaction_that_waits_for_an_upgrade_is_refused(
+    engine: Engine, db_url: str, newer: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design/sql.md "Schema versions and upcasting" (newer than the code) and "Skipping a
+    transaction": a transaction an instance cannot apply before it runs newer code (an
+    ApplyPausedError) is never skipped, whatever an operator requests: an old instance of a
+    rolling deploy would otherwise drop the new release's change for good. It refuses the
+    request, logs why (once) and keeps it pending; the new release applies the transaction."""
+    error, change = NEWER_CHANGES[newer]
+    NewRelease.metadata.create_all(engine)  # the migration, made before the deploy
+    old = ChangeSetCallbacks(engine, cluster_name="test-cluster", registry=EntityRegistry([OldWidget]))
+    insert = RowChange(Operation.INSERT, "widget", {"widget_id": 1}, {"widget_id": 1, "n": 1})
+    old.apply_transaction(txn(0, 0, ChangeSet([insert]).encode(), CHANGE_SET_HEADER))
+    first = txn(0, 1, ChangeSet([change]).encode(), CHANGE_SET_HEADER)
+    another = RowChange(Operation.INSERT, "widget", {"widget_id": 2}, {"widget_id": 2, "n": 3})
+    second = txn(0, 2, ChangeSet([another]).encode(), CHANGE_SET_HEADER)
+    with pytest.raises(error):
+        old.apply_transaction(first)
+    request_skip(
+        engine, cluster_name="test-cluster", partition_id=0, transaction_id=1, reason="r", operator="ops"
+    )
+    with caplog.at_level(logging.WARNING, logger="waltz.jdbc_style.callbacks"):
+        with pytest.raises(error):  # the client's retry: it still waits
+            old.apply_transaction(first)
+        with pytest.raises(TransactionApplyError) as caught:  # and in a group
+            old.apply_transactions([first, second])
+    assert caught.value.transaction_id == 1 and isinstance(caught.value.cause, error)
+    assert old.high_water_marks() == {0: 0} and old.skipped == []
+    assert skip_requests(engine) == {1: True}
+    refusals = [r.getMessage() for r in caplog.records if "is refused" in r.getMessage()]
+    assert len(refusals) == 1, refusals  # once: the client's retries every 30 s say no more
+    assert (
+        "the operator's skip of transaction 1 (waltz db skip) is refused: its apply waits for this "
+        f"instance's upgrade ({error.__name__}: " in refusals[0]
+    ), refusals[0]
+    assert "the request stays pending" in refusals[0]
+    new = ChangeSetCallbacks(
+        engine, cluster_name="test-cluster", registry=EntityRegistry([NewWidget, NewGadget])
+    )
+    new.apply_transactions([first, second])
+    assert new.high_water_marks() == {0: 2} and new.skipped == []
+    assert skip_requests(engine) == {1: True}
+    with engine.connect() as conn:
+        widgets = conn.execute(sa.select(NewWidget.widget_id, NewWidget.n, NewWidget.label)).all()
+        gadgets = conn.execute(sa.select(NewGadget.gadget_id)).scalars().all()
+    if newer == "newer schema version":
+        assert sorted(map(tuple, widgets)) == [(1, 2, "x"), (2, 3, "-")] and gadgets == []
+    else:
+        assert sorted(map(tuple, widgets)) == [(1, 1, "-"), (2, 3, "-")] and gadgets == [7]
 
 
 #: The genesis of partition 1, a new child of partition 0 whose barrier is at 40: at 41.

@@ -283,6 +283,10 @@ def skip(
     not the next one, or was already requested. A partition split's genesis is never skipped: this
     command sees only the database, so the instance that would act on the request refuses it, logs
     why and applies the genesis as usual (docs/design/splits.md "The SQL framework across a split").
+    Nor is a transaction whose apply waits for the instance's upgrade (a newer schema version or
+    form, an undeclared entity): a newer release's change in a rolling deploy, which instances on
+    the new code apply; the instance refuses the request and it stays pending
+    (docs/design/sql.md "Skipping a transaction").
     """
     who = operator if operator is not None else _default_operator()
     with _database_errors(url):
@@ -297,7 +301,10 @@ def skip(
     typer.echo(
         f"recorded: {who} asks to skip transaction {transaction} of cluster {cluster!r} partition "
         f"{partition}. An instance whose apply of it failed passes over it at its next attempt; "
-        "`waltz db skips` shows when it did."
+        "`waltz db skips` shows when it did. It stays pending if the transaction applies meanwhile, "
+        "and when it is a split genesis or waits for the instance's upgrade (a newer schema version "
+        "or form, an undeclared entity: a newer release's change, which instances on the new code "
+        "apply): the instance logs that it refuses it."
     )
 
 
@@ -306,7 +313,12 @@ def skips(
     url: DatabaseUrlOption, cluster: ClusterFilterOption = None, json_output: JsonOption = False
 ) -> None:
     """Show the operators' skip requests: pending (not yet acted on) or done, with who asked, why,
-    and when (UTC)."""
+    and when (UTC).
+
+    A request stays pending while no instance fails on its transaction (it applied, or no attempt
+    came yet), and for good when an instance refuses it, which its log says: a split genesis, or
+    a transaction that waits for the instance's upgrade
+    (docs/design/sql.md "Skipping a transaction")."""
     with _database_errors(url):
         rows = skip_records.list_skips(url, cluster)
     if json_output:

@@ -20,9 +20,10 @@ client, which reports it to :meth:`uncaught_exception` and retries the same tran
 without moving the mark. A transaction whose apply keeps failing can be skipped only by an
 operator (``waltz db skip``), audited in ``waltz_skipped_transactions``, by an instance whose
 last attempt failed on that very transaction (docs/design/sql.md "Skipping a transaction"), but
-never a partition split's genesis (docs/design/splits.md "The SQL framework across a split"): the
-instance that would act on the request holds the transaction, refuses the skip and applies it as
-usual.
+never a partition split's genesis (docs/design/splits.md "The SQL framework across a split") nor a
+transaction that waits for the instance's upgrade (an :class:`~waltz.errors.ApplyPausedError`;
+docs/design/sql.md "Schema versions and upcasting"): the instance that would act on the request
+holds the transaction, refuses the skip and tries the apply as usual; the request stays pending.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from waltz.client.outcome import waited_transaction_id
 from waltz.client.transaction import Transaction
 from waltz.errors import (
     ApplyContractError,
+    ApplyPausedError,
     GenesisHeldError,
     HighWaterMarkGapError,
     SplitRecordFormatError,
@@ -84,9 +86,11 @@ class _Failure(NamedTuple):
     """A partition's last failed apply attempt here: ``transaction_id`` is the transaction whose
     own apply failed, or None when the attempt was a group whose failure names none of them (the
     one-by-one retry that follows finds it); only that transaction can be skipped on an
-    operator's request."""
+    operator's request. ``paused``: the error, when it was an :class:`ApplyPausedError` (the
+    transaction waits for this instance's upgrade and is never skipped), else None."""
 
     transaction_id: int | None
+    paused: str | None = None
 
 
 class _UnsettledError(Exception):
@@ -159,6 +163,7 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         self._applied_changed = threading.Condition()
         # Partitions whose last apply attempt here failed: which transaction failed (see _Failure).
         self._failing: dict[int, _Failure] = {}
+        self._refusals_logged: dict[int, int] = {}  # partition: the paused skip refusal last logged
         self._rows: set[int] = set()  # partitions whose mark row is known to exist
         self._shared: set[int] = set()  # partitions another instance was seen applying
         budget = IdleBudget(self.engine)
@@ -768,7 +773,10 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 # or the first of a group and failed in its apply; a later one's apply (or the
                 # group's flush) may have run writes staged by those before it: unknown.
                 own = len(pending) == 1 or (current is not None and current is pending[0])
-                self._failing[pending[0].partition_id] = _Failure(pending[0].transaction_id if own else None)
+                self._failing[pending[0].partition_id] = _Failure(
+                    pending[0].transaction_id if own else None,
+                    f"{type(exc).__name__}: {exc}" if isinstance(exc, ApplyPausedError) else None,
+                )
             raise
         finally:
             if not conn.invalidated:
@@ -778,7 +786,9 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
         """The transactions of the attempt starting at ``first`` to pass over on an operator's
         request: ``{first}`` when its own last apply attempt here failed and a request for it is
         pending, else none (docs/design/sql.md "Skipping a transaction": a transaction that
-        applies after the request is applied, and the request stays pending)."""
+        applies after the request is applied, and the request stays pending). A request for a
+        transaction whose failure was an :class:`ApplyPausedError` is refused and logged: it
+        stays pending (docs/design/sql.md "Schema versions and upcasting")."""
         failure = self._failing.get(partition_id)
         if failure is None or failure.transaction_id != first:
             return set()
@@ -790,7 +800,26 @@ class AbstractClientCallbacksForSQL(WaltzClientCallbacks):
                 & skipped_transactions.c.skipped_at.is_(None)
             )
         ).first()
-        return set() if requested is None else {first}
+        if requested is None:
+            return set()
+        if failure.paused is not None:
+            # Logged once per transaction, as the client reports the pause once; then at DEBUG.
+            once = self._refusals_logged.get(partition_id) != first
+            self._refusals_logged[partition_id] = first
+            log.log(
+                logging.WARNING if once else logging.DEBUG,
+                "cluster %r partition %d: the operator's skip of transaction %d (waltz db skip) is "
+                "refused: its apply waits for this instance's upgrade (%s), and such a transaction is "
+                "never skipped: instances on the newer code apply it, where this one would lose its "
+                "change for good; the request stays pending (finish the deploy: run this instance on "
+                "the newer code)",
+                self.cluster_name,
+                partition_id,
+                first,
+                failure.paused,
+            )
+            return set()
+        return {first}
 
     def _record_skip(self, conn: Connection, transaction: Transaction) -> None:
         table = skipped_transactions

@@ -94,7 +94,9 @@ def request_skip(
     transaction stays in the log: other databases that follow the log are not affected. The
     request names a transaction ID only (this function sees the database, not the log): an
     instance refuses to act on a request for a partition split's genesis and applies it as usual
-    (docs/design/splits.md "The SQL framework across a split").
+    (docs/design/splits.md "The SQL framework across a split"), and on a request for a transaction
+    whose apply waits for the instance's upgrade (an :class:`~waltz.errors.ApplyPausedError`,
+    docs/design/sql.md "Skipping a transaction"); such a request stays pending.
 
     The partition's mark row is locked (``SELECT ... FOR UPDATE``) while the request is checked
     and recorded, so it cannot race with an apply.
