@@ -9,10 +9,12 @@ module; some tests start consoles of their own, real processes stopped with real
 
 from __future__ import annotations
 
+import functools
 import http.server
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -310,3 +312,240 @@ def test_a_target_with_a_malformed_partition_label_is_that_targets_error(
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+#: The size of a flooding target's reply: eight times what the console reads of one.
+FLOOD_BYTES = 64 * 1024 * 1024
+
+
+class _TargetHandler(http.server.BaseHTTPRequestHandler):
+    server: _Target
+
+    def do_GET(self) -> None:
+        target = self.server
+        reply = target.reply
+        try:
+            if reply == "good":
+                body = b"# TYPE x gauge\nx 1\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            elif reply == "drip":
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", "1000000")
+                self.end_headers()
+                deadline = time.monotonic() + 60
+                while not target.closing.is_set() and time.monotonic() < deadline:
+                    self.wfile.write(b"#")
+                    target.closing.wait(0.2)
+            else:  # "flood" with its Content-Length, "flood-unsized" without (the connection's end ends it)
+                chunk = (b"# " + b"x" * 1021 + b"\n") * 1024
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                if reply == "flood":
+                    self.send_header("Content-Length", str(FLOOD_BYTES))
+                self.end_headers()
+                sent = 0
+                for _ in range(FLOOD_BYTES // len(chunk)):
+                    if target.closing.is_set():
+                        break
+                    self.wfile.write(chunk)
+                    sent += len(chunk)
+                    with target.lock:
+                        target.most_sent = max(target.most_sent, sent)
+        except OSError:  # the console hung up
+            pass
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Target(http.server.ThreadingHTTPServer):
+    """A /metrics endpoint on 127.0.0.1 whose reply the test sets (:attr:`reply`): ``good`` (one
+    gauge), ``drip`` (a byte every 0.2 s of a declared million, for at most 60 s), ``flood``
+    (:data:`FLOOD_BYTES` declared and sent as fast as read) or ``flood-unsized`` (the same without
+    Content-Length). It records the most bytes of one reply it could send."""
+
+    daemon_threads = True
+
+    def __init__(self, reply: str) -> None:
+        super().__init__(("127.0.0.1", 0), _TargetHandler)
+        self.reply = reply
+        self.closing = threading.Event()
+        self.lock = threading.Lock()
+        self.most_sent = 0
+        self.thread = threading.Thread(target=self.serve_forever, name=f"{reply}-metrics", daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/metrics"
+
+    def close(self) -> None:
+        self.closing.set()
+        self.shutdown()
+        self.server_close()
+        self.thread.join(timeout=10)
+
+
+def _target_row(console: RunningConsole, name: str, up: str, says: str = "") -> str | None:
+    """The metrics table's row of target ``name`` once it shows ``up`` (and ``says`` when down)."""
+    page = request(console.url + "fragments/metrics")[1]
+    found = re.search(rf'<tr [^>]*data-target="{name}" data-up="{up}">.*?</tr>', page, re.S)
+    return found.group() if found is not None and says in found.group() else None
+
+
+def _stopped_by_sigterm(console: RunningConsole) -> tuple[int | None, float]:
+    """SIGTERM the console: its exit code (killed after 10 s) and the seconds it took."""
+    started = time.monotonic()
+    code = console.process.terminate(timeout=10)
+    return code, time.monotonic() - started
+
+
+def test_a_target_that_drips_its_reply_times_out_and_the_looks_and_actions_go_on(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """docs/design/console.md "Metrics": each scrape has a deadline over the whole reply."""
+    target = _Target("good")
+    console = launch_console(
+        tmp_path,
+        cluster,
+        "--operator",
+        "--metrics",
+        f"slow={target.url}",
+        name="console-dripping-target",
+        env={**os.environ, **cluster.admin_env("admin")},
+    )
+    try:
+        console.wait_ready()
+        wait_until(lambda: _target_row(console, "slow", "yes"), timeout=30, what="it up", interval=0.2)
+        target.reply = "drip"  # every reply from now on: a byte every 0.2 s, never ending in time
+        row = wait_until(
+            lambda: _target_row(console, "slow", "no", "timed out"),
+            timeout=30,
+            what="the dripping target down, timed out",
+            interval=0.2,
+        )
+        assert "within" in row, row
+        # The looks go on: the map, ZooKeeper's health and the other targets keep being read.
+        looked = console.get_json("/api/map.json")
+        wait_until(
+            lambda: console.get_json("/api/map.json")["round"] > looked["round"] + 3,
+            timeout=30,
+            what="later looks while the target drips",
+            interval=0.2,
+        )
+        later = console.get_json("/api/map.json")
+        assert later["error"] is None and later["map"]["taken_at"] > looked["map"]["taken_at"], later
+        assert _target_row(console, "storage-0", "yes") is not None
+
+        # A done action answers without waiting for a look (re-assigning a replica changes nothing).
+        holder = assigned(cluster, 0)[0]
+        token = {"X-Console-Token": console.token()}
+
+        def assigned_again() -> str | None:
+            statuses, text = act_and_read(
+                console, f"kind=add-replica&partition=0&storage={holder}", headers=token
+            )
+            assert statuses in ([200, 200], [200, 409]), (statuses, text)
+            return text if statuses == [200, 200] else None  # 409: the safety rules want a caught-up replica
+
+        text = wait_until(
+            assigned_again, timeout=60, what="the action to answer", interval=0.5, abort_on=(AssertionError,)
+        )
+        assert "was already assigned" in text, text
+
+        code, took = _stopped_by_sigterm(console)
+        assert code == 0 and took < 10, (code, took, console.log())
+    finally:
+        console.close()
+        target.close()
+
+
+def test_a_console_whose_target_drips_from_the_start_serves_and_sigterm_stops_it(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    target = _Target("drip")
+    try:
+        # Stopped while its first look is under way.
+        starting = launch_console(
+            tmp_path,
+            cluster,
+            "--metrics",
+            f"slow={target.url}",
+            name="console-stopped-starting",
+            env=operator_env(cluster),
+        )
+        try:
+            starting.start_url()
+            code, took = _stopped_by_sigterm(starting)
+            assert code == 0 and took < 10, (code, took, starting.log())
+        finally:
+            starting.close()
+
+        console = launch_console(
+            tmp_path,
+            cluster,
+            "--metrics",
+            f"slow={target.url}",
+            name="console-dripping-from-start",
+            env=operator_env(cluster),
+        )
+        try:
+            console.wait_ready()
+            wait_until(
+                lambda: _target_row(console, "slow", "no", "timed out"),
+                timeout=30,
+                what="the dripping target down, timed out",
+                interval=0.2,
+            )
+            code, took = _stopped_by_sigterm(console)
+            assert code == 0 and took < 10, (code, took, console.log())
+            assert "Traceback" not in console.log()
+        finally:
+            console.close()
+    finally:
+        target.close()
+
+
+def test_a_reply_over_the_limit_is_that_targets_error_and_is_not_read_whole(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """docs/design/console.md "Metrics": at most 8 MiB of a reply is read, whatever it declares."""
+    sized, unsized = _Target("flood"), _Target("flood-unsized")
+    console = launch_console(
+        tmp_path,
+        cluster,
+        "--metrics",
+        f"sized={sized.url}",
+        "--metrics",
+        f"unsized={unsized.url}",
+        name="console-flooding-targets",
+        env=operator_env(cluster),
+    )
+    try:
+        console.wait_ready()
+        rows = {
+            name: wait_until(
+                functools.partial(_target_row, console, name, "no"),
+                timeout=30,
+                what=f"the target {name} down",
+                interval=0.2,
+            )
+            for name in ("sized", "unsized")
+        }
+        # What was sent is what the console read and what the sockets' buffers took: a declared
+        # length over the limit is refused before any of the body is read, a body past it is
+        # dropped as soon as it passes 8 MiB.
+        assert sized.most_sent < FLOOD_BYTES // 4, sized.most_sent
+        assert unsized.most_sent < FLOOD_BYTES // 2, unsized.most_sent
+        assert f"larger than 8388608 bytes (Content-Length {FLOOD_BYTES})" in rows["sized"], rows
+        assert "larger than 8388608 bytes" in rows["unsized"], rows
+        assert console.get_json("/api/map.json")["error"] is None
+    finally:
+        console.close()
+        sized.close()
+        unsized.close()

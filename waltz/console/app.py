@@ -441,7 +441,7 @@ def create_app(
                 audit.warning("console: %s by %s failed: %s", action.command(), requester.describe(), exc)
                 return result(request, str(exc), 502, action)
             audit.info("console: %s by %s done: %s", action.command(), requester.describe(), message)
-            await observer().look_once()
+            observer().look_soon()  # the map shows the change at the next refresh; nothing waits for it
             return result(request, message, 200, action)
 
         routes += [

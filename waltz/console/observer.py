@@ -4,12 +4,14 @@ Design: docs/design/console.md "Cluster map", "Metrics". One :class:`Observer` p
 on the web server's event loop: ZooKeeper reads go to worker threads (kazoo blocks), the storage
 and server probes are the admin tools' own coroutines (gRPC), the metrics scrapes are HTTP
 requests, all concurrent. Pages read only the last look, so any number of browsers cost the
-cluster nothing more.
+cluster nothing more. Each scrape has a deadline over its whole reply and reads at most
+:data:`MAX_METRICS_BYTES` of it, so no target can hold up a look or fill the console's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -33,14 +35,59 @@ from waltz.console.metrics import (
     parse_scrape,
 )
 from waltz.console.zookeeper_health import ZooKeeperHealth, probe_ensemble
+from waltz.errors import WaltzError
 from waltz.metadata.assignment import read_assignment, read_members
 
-__all__ = ["Look", "Observer"]
+__all__ = [
+    "MAX_METRICS_BYTES",
+    "Look",
+    "MetricsReplyError",
+    "MetricsReplyTooLargeError",
+    "MetricsTimedOutError",
+    "Observer",
+]
 
 log = logging.getLogger(__name__)
 
-#: Bytes of a ``/metrics`` reply read at most.
+#: Bytes of a ``/metrics`` reply read at most: a larger declared Content-Length is refused before
+#: any of the body is read, a longer body as soon as it passes the limit (docs/design/console.md
+#: "Metrics").
 MAX_METRICS_BYTES = 8 * 1024 * 1024
+
+
+class MetricsReplyError(WaltzError):
+    """A ``/metrics`` reply the console does not read (shown as its target's error)."""
+
+
+class MetricsReplyTooLargeError(MetricsReplyError):
+    """A ``/metrics`` reply is larger than :data:`MAX_METRICS_BYTES` (docs/design/console.md
+    "Metrics").
+
+    Args:
+        declared: the reply's Content-Length when it declared too much, else None.
+    """
+
+    def __init__(self, declared: int | None) -> None:
+        said = f" (Content-Length {declared})" if declared is not None else ""
+        super().__init__(
+            f"the reply is larger than {MAX_METRICS_BYTES} bytes{said}, the most the console reads "
+            "of one: give --metrics one process's own /metrics endpoint"
+        )
+
+
+class MetricsTimedOutError(MetricsReplyError):
+    """A ``/metrics`` reply did not come whole within the scrape's deadline (docs/design/console.md
+    "Metrics").
+
+    Args:
+        deadline: the deadline, seconds.
+    """
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__(
+            f"timed out: no whole reply within {deadline:g}s (the scrape's deadline); check that "
+            "the process answers /metrics promptly (not hung, not overloaded)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,17 +140,27 @@ class Observer:
         self._http = http
         self._last_seen: LastSeen = {}
         self._previous: dict[str, Scrape] = {}
+        self._wake = asyncio.Event()
 
     @property
     def timeout(self) -> float:
-        """Seconds allowed to each probe and scrape: the refresh interval, at least 1 s, at most
-        the admin's storage timeout."""
+        """Seconds allowed to each probe and scrape (a scrape's deadline covers its whole reply):
+        the refresh interval, at least 1 s, at most the admin's storage timeout."""
         return min(max(1.0, self.refresh), self.admin.storage_timeout)
+
+    def look_soon(self) -> None:
+        """Have :meth:`run` take its next look now, not at the end of the refresh interval (after
+        an action); returns at once. A look under way ends first, and the next starts after it.
+
+        Design: docs/design/console.md "Operator actions".
+        """
+        self._wake.set()
 
     async def run(self) -> None:
         """Look again and again until cancelled; a failed look is recorded, never raised."""
         while True:
             started = time.monotonic()
+            self._wake.clear()
             try:
                 await self.look_once()
             except Exception as exc:  # a defect in a look must not end the looking
@@ -117,7 +174,10 @@ class Observer:
                     previous.targets,
                     previous.round + 1,
                 )
-            await asyncio.sleep(max(0.0, self.refresh - (time.monotonic() - started)))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), max(0.0, self.refresh - (time.monotonic() - started))
+                )
 
     async def look_once(self) -> Look:
         """Take one look: the cluster map and the metrics, concurrently."""
@@ -178,11 +238,40 @@ class Observer:
 
     async def _scrape(self, target: MetricsTarget) -> Scrape:
         at = now()
+        deadline = self.timeout
         try:
-            response = await self._http.get(target.url, timeout=self.timeout)
-            response.raise_for_status()
-            if len(response.content) > MAX_METRICS_BYTES:
-                raise ValueError(f"reply of {len(response.content)} bytes is too large")
-            return parse_scrape(target, response.text, at)
+            try:
+                async with asyncio.timeout(deadline):  # the whole reply, however slowly it comes
+                    text = await self._read(target, deadline)
+            except (TimeoutError, httpx.TimeoutException):
+                raise MetricsTimedOutError(deadline) from None
+            return parse_scrape(target, text, at)
         except Exception as exc:  # whatever one target serves is that target's error, not the look's
             return Scrape(target, at, error=f"{type(exc).__name__}: {exc}")
+
+    async def _read(self, target: MetricsTarget, deadline: float) -> str:
+        """The text of ``target``'s reply, read as a stream up to :data:`MAX_METRICS_BYTES`.
+
+        Raises:
+            MetricsReplyTooLargeError: the reply declares or sends more.
+            MetricsReplyError: the reply is compressed (none was asked for).
+            httpx.HTTPError: the request failed or the status is not 2xx.
+        """
+        headers = {"Accept-Encoding": "identity"}  # the limit counts the bytes as parsed
+        async with self._http.stream("GET", target.url, headers=headers, timeout=deadline) as response:
+            response.raise_for_status()
+            declared = response.headers.get("content-length", "")
+            if declared.isascii() and declared.isdecimal() and int(declared) > MAX_METRICS_BYTES:
+                raise MetricsReplyTooLargeError(int(declared))
+            encoding = response.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise MetricsReplyError(
+                    f"the reply is compressed ({encoding}) although the console asked for none "
+                    "(Accept-Encoding: identity): serve /metrics uncompressed to such a request"
+                )
+            body = bytearray()
+            async for chunk in response.aiter_raw():
+                body += chunk
+                if len(body) > MAX_METRICS_BYTES:
+                    raise MetricsReplyTooLargeError(None)
+            return body.decode(response.charset_encoding or "utf-8", errors="replace")
