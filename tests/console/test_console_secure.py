@@ -4,7 +4,9 @@ actions", "Exit codes"; docs/design/console.md "Cluster map", "Serving").
 
 One secure cluster (mutual TLS with role certificates, ZooKeeper credentials per role; 2 replicas
 of each partition on 3 storage nodes) and one ``waltz console --operator`` on loopback serve the
-module; some tests start consoles of their own, real processes stopped with real signals.
+module; some tests start consoles of their own, real processes stopped with real signals, against
+/metrics endpoints served on 127.0.0.1 by the test (slow, flooding), and one drives the page in
+headless chromium (the module's ``chromium``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support
@@ -549,3 +552,42 @@ def test_a_reply_over_the_limit_is_that_targets_error_and_is_not_read_whole(
         console.close()
         sized.close()
         unsized.close()
+
+
+def test_in_a_browser_an_action_that_failed_shows_what_failed(
+    cluster: LocalCluster, consoles: dict[str, RunningConsole], chromium: Any
+) -> None:
+    """docs/console.md "Operator actions": a failed action (502) shows *Not done* and why."""
+    expect: Any = pytest.importorskip("playwright.sync_api").expect
+    console = consoles["operator"]
+    second = assigned(cluster, 0)[1]
+    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        statuses: list[int] = []
+        page.goto(console.start_url())
+        expect(page.locator("#mode")).to_have_text("operator")
+
+        def removal_shown() -> str | None:
+            page.select_option("#action-kind", "remove-replica")
+            page.select_option("#action-partition", "0")
+            page.select_option("#action-storage", second)
+            page.click("#action-submit")
+            expect(page.locator("#confirmation")).to_be_visible()
+            with page.expect_response(lambda response: "/actions/run" in response.url) as answer:
+                page.click("#action-confirm")
+            statuses.append(answer.value.status)
+            if statuses[-1] == 409:  # the safety rules want a caught-up replica first
+                return None
+            outcome = page.locator("#action-outcome")
+            expect(outcome).to_have_attribute("data-ok", "no")
+            return str(outcome.inner_text())
+
+        text = wait_until(
+            removal_shown, timeout=90, what="the removal to run", interval=0.5, abort_on=(AssertionError,)
+        )
+        assert statuses[-1] == 502, statuses
+        assert text.startswith("Not done:") and "urn:waltz:role:admin" in text, text
+        assert second in assigned(cluster, 0)
+    finally:
+        context.close()
