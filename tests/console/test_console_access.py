@@ -350,9 +350,18 @@ def test_a_malformed_storage_node_or_partition_is_refused_and_the_audit_log_stay
         ("kind=add-replica&partition=0&storage=127.0.0.1:1", "not a storage node of the cluster"),
         (f"kind=add-replica&partition={quote('²')}&storage={storage}", "digits 0-9"),
         (f"kind=recover-partition&partition=0&storage={storage}&source={quote('a b:1')}", "host:port"),
+        (f"kind=add-replica&partition=99&storage={storage}", "partition 99 is not a partition of the"),
     ):
         status, text = request(console.url + "actions/confirm", form, headers=token)
         assert status == 422 and problem in text, (form, status, text)
+    # A partition the map does not have is refused when asked for, not run and failed.
+    audit_line(
+        console,
+        r"WARNING waltz\.console\.audit .*asking for an action by loopback token holder from "
+        r"127\.0\.0\.1:\d+ refused: partition 99 is not a partition of the cluster: choose one of the "
+        r"map's partitions \(0\.\.1\)",
+    )
+    assert "--partition 99 asked for" not in console.log(), console.log()
     # Without the token, a field is logged in the refusal: escaped, on the refusal's own line.
     assert request(console.url + "actions/confirm", f"kind={quote('x' + chr(10) + forged)}")[0] == 403
     audit_line(console, r"WARNING waltz\.console\.audit .*refused: .*")

@@ -132,6 +132,30 @@ class Action:
                     f"nodes ({', '.join(sorted(known)) or 'none'})"
                 )
 
+    def check_partition(self, known: Collection[int]) -> None:
+        """Check that the action's partition is the cluster's (docs/design/console.md "Operator
+        actions").
+
+        Args:
+            known: the cluster's partition IDs (the last cluster map's).
+
+        Raises:
+            ConfigurationError: the partition is not one of ``known``.
+        """
+        if self.partition_id in known:
+            return
+        ids = sorted(known)
+        if not ids:
+            shown = "none"
+        elif ids == list(range(ids[0], ids[-1] + 1)):
+            shown = f"{ids[0]}..{ids[-1]}"
+        else:
+            shown = ", ".join(map(str, ids))
+        raise ConfigurationError(
+            f"partition {self.partition_id} is not a partition of the cluster: choose one of the "
+            f"map's partitions ({shown})"
+        )
+
     def describe(self) -> str:
         """What the action will do, in one sentence."""
         if self.kind is ActionKind.ADD_REPLICA:

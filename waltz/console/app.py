@@ -397,6 +397,7 @@ def create_app(
                 if look.map is None:
                     raise WaltzError("the console has not read the cluster yet: ask again in a few seconds")
                 action.check_storage_nodes([n.connect_string for n in look.map.storage_nodes])
+                action.check_partition([p.partition_id for p in look.map.partitions])
             except WaltzError as exc:
                 audit.warning("console: asking for an action by %s refused: %s", requester.describe(), exc)
                 return result(request, str(exc), 422)
