@@ -13,6 +13,7 @@ __all__ = [
     "AsyncCallbackError",
     "AsyncClientError",
     "BelowCommittedError",
+    "ClientAheadOfLogError",
     "ClientClosedError",
     "ClusterKeyMismatchError",
     "ClusterNotFoundError",
@@ -555,6 +556,41 @@ class ServerFeedError(WaltzClientError):
         super().__init__(f"partition {partition_id}: {endpoint} cannot feed it: {message}")
         self.partition_id = partition_id
         self.endpoint = endpoint
+
+
+class ClientAheadOfLogError(WaltzClientError):
+    """A server refused to mount a partition (``CLIENT_AHEAD_OF_LOG``, docs/protocol.md "Mount"):
+    the client's high-water mark, the application's ``get_client_high_water_mark``, is above the
+    partition's committed high-water mark. The application's database is ahead of this log: it was
+    restored from another cluster, the cluster was rebuilt, or the client names the wrong cluster
+    root. The client tells the application through ``uncaught_exception``, keeps the partition
+    unmounted (asking again now and then, in case its view of the owner was stale), and ends every
+    context submitted to it with this error: nothing is committed there
+    (docs/design/client.md "Mount and the client high-water mark").
+
+    Attributes:
+        partition_id: the partition.
+        endpoint: the server that refused the mount.
+        client_high_water_mark: the mark the client mounted from.
+        high_water_mark: the partition's committed high-water mark.
+    """
+
+    def __init__(
+        self,
+        partition_id: int,
+        endpoint: str,
+        client_high_water_mark: int,
+        high_water_mark: int,
+        message: str,
+    ) -> None:
+        super().__init__(
+            f"partition {partition_id}: {endpoint} refused the mount: {message}; the partition stays "
+            "unmounted and every transaction submitted to it ends with this error"
+        )
+        self.partition_id = partition_id
+        self.endpoint = endpoint
+        self.client_high_water_mark = client_high_water_mark
+        self.high_water_mark = high_water_mark
 
 
 class WaltzTimeoutError(WaltzClientError, TimeoutError):

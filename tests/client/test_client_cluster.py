@@ -21,8 +21,10 @@ from waltz import (
     WaltzClient,
     WaltzClientConfig,
 )
+from waltz.client.mount_procedure import PartitionState
 from waltz.errors import (
     ApplyPausedError,
+    ClientAheadOfLogError,
     ClientClosedError,
     PartitionNotMountedError,
     PartitionPausedError,
@@ -979,3 +981,55 @@ def test_a_read_your_writes_wait_that_raises_fails_its_context_and_frees_its_slo
         )
         client.flush(10)
         assert not client.has_pending_transactions()
+
+
+def test_a_store_ahead_of_the_log_is_refused_and_a_submit_commits_nothing(
+    client_config: WaltzClientConfig, log_start: dict[int, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design/client.md "Mount and the client high-water mark": a database whose mark is above
+    the partition's high-water mark (restored from another cluster, a wrong cluster root) is
+    refused, the application told, and contexts submitted before and after the refusal end with
+    it, nothing committed, where the mount was accepted and one context committed again and again
+    behind a feed that started past its commits."""
+    caplog.set_level(logging.WARNING, logger="waltz.client")
+    ahead = 10**9
+    with WaltzClient(MemoryStore(log_start), client_config) as reader:
+        before = {pid: reader.get_high_water_mark(pid, 10) for pid in log_start}
+    store = MemoryStore(dict.fromkeys(log_start, ahead))
+    client = WaltzClient(store, client_config)
+    try:
+        early = Append(0, b"submitted while mounting")
+        futures = [(early, client.submit(early))]
+        wait_until(
+            lambda: any("above partition 0's high-water mark" in e for e in store.errors),
+            timeout=15,
+            what=f"the refusal of partition 0 reported to uncaught_exception (reported: {store.errors})",
+        )
+        [reported] = [e for e in store.errors if e.startswith("partition 0,")]
+        assert "ClientAheadOfLogError" in reported
+        assert (
+            f"client high-water mark {ahead} is above partition 0's high-water mark {before[0]}" in reported
+        )
+        assert "ahead of this log (restored from another cluster? wrong cluster root?)" in reported
+        with pytest.raises(ClientAheadOfLogError, match="above partition 0's high-water mark"):
+            client.wait_mounted(5, [0])
+        assert client.partition_states()[0] is not PartitionState.MOUNTED
+        late = Append(0, b"submitted after the refusal")
+        futures.append((late, client.submit(late)))
+        started = time.monotonic()
+        for context, future in futures:
+            with pytest.raises(ClientAheadOfLogError) as refused:
+                future.result(10)
+            assert (refused.value.client_high_water_mark, refused.value.high_water_mark) == (ahead, before[0])
+            assert context.outcomes.executions <= 1, context.outcomes
+        assert time.monotonic() - started < 10
+        client.flush(10)  # nothing left in flight
+        logged = [
+            r for r in caplog.records if r.levelno >= logging.ERROR and "above partition 0" in r.getMessage()
+        ]
+        assert len(logged) == 1, [r.getMessage() for r in caplog.records]
+    finally:
+        client.close()
+    with WaltzClient(MemoryStore(log_start), client_config) as reader:
+        after = {pid: reader.get_high_water_mark(pid, 10) for pid in log_start}
+    assert after == before, "a transaction was committed for a client whose database is ahead of the log"

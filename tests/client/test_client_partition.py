@@ -21,11 +21,12 @@ from waltz import (
     TransactionContext,
     WaltzClientCallbacks,
 )
-from waltz.client import lock_holds
+from waltz.client import lock_holds, mount_procedure
 from waltz.client.client_partition import ClientPartition
 from waltz.client.context import AppendPayload
 from waltz.client.mount_procedure import PartitionState
 from waltz.client.submission import Submission
+from waltz.errors import ClientAheadOfLogError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 
@@ -38,6 +39,7 @@ class Callbacks(WaltzClientCallbacks):
         self.mark = mark
         self.applied: list[int] = []
         self.gate: threading.Event | None = None  # set: applies wait for it (at most 10 s)
+        self.reported: list[BaseException] | None = None  # a list: uncaught exceptions expected
 
     def get_client_high_water_mark(self, partition_id: int) -> int:
         return self.mark
@@ -48,7 +50,9 @@ class Callbacks(WaltzClientCallbacks):
         self.applied.append(transaction.transaction_id)
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
-        raise AssertionError(f"unexpected {exception!r}")
+        if self.reported is None:
+            raise AssertionError(f"unexpected {exception!r}")
+        self.reported.append(exception)
 
 
 class FakeConnection:
@@ -91,6 +95,7 @@ class FakeHost:
         self.completed_ids: list[tuple[bytes, int]] = []
         self.retried: list[tuple[bytes, int | None]] = []
         self.first_attempts: list[tuple[bytes, int]] = []
+        self.rejections: list[tuple[bytes, BaseException]] | None = None  # a list: rejections expected
 
     def next_seq_num(self) -> int:
         self.seq += 1
@@ -113,7 +118,9 @@ class FakeHost:
         self.first_attempts.append((submission.context.data, target))  # type: ignore[attr-defined]
 
     def rejected(self, submission: Submission, error: BaseException) -> None:
-        raise AssertionError(f"rejected {error!r}")
+        if self.rejections is None:
+            raise AssertionError(f"rejected {error!r}")
+        self.rejections.append((submission.context.data, error))  # type: ignore[attr-defined]
 
     def expired_unsent(self, submission: Submission) -> None:
         raise AssertionError("expired while waiting for the mount")
@@ -339,6 +346,81 @@ def test_reconnect_mounts_from_the_lower_mark_and_fails_pending_appends_at_the_r
         assert host.retried == [(b"lost", None)]  # still pending at the mount response: failed
         assert len(second.appends()) == 1  # the blocked one, sent after the mount
         assert not first.appends()[2:]
+
+    run(scenario)
+
+
+def test_a_flush_answered_below_the_mount_mark_fails_no_pending_append() -> None:
+    """docs/design/client.md "Failed-append detection": a flush whose mark is below the mark the
+    partition was mounted from (a server that took a database ahead of its log) fails nothing,
+    where the pending append ran again, and committed again, at every flush."""
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        connection = await mounted(partition, host)
+        assert connection.mounts()[0].client_high_water_mark == 10**9
+        partition.send_append(*submission(b"pending"))
+        partition.send_flush()
+        flush = next(
+            m.flush
+            for m in connection.sent
+            if isinstance(m, client_pb2.ClientMessage) and m.HasField("flush")
+        )
+        response = client_pb2.FlushResponse(req_id=flush.req_id, transaction_id=13)
+        partition.on_message(connection, "flush", response)  # type: ignore[arg-type]
+        assert host.retried == []
+        assert len(partition.monitor) == 1
+
+    run(scenario, mark=10**9)
+
+
+def ahead_of_log(request: client_pb2.MountRequest, high_water_mark: int) -> client_pb2.ServerError:
+    """The server's refusal of ``request``: its mark is above ``high_water_mark``."""
+    return client_pb2.ServerError(
+        req_id=request.req_id,
+        message=f"client high-water mark {request.client_high_water_mark} is above partition 0's "
+        f"high-water mark {high_water_mark}",
+        code=client_pb2.CLIENT_AHEAD_OF_LOG,
+        client_high_water_mark=request.client_high_water_mark,
+        high_water_mark=high_water_mark,
+    )
+
+
+def test_a_mount_refused_as_ahead_of_the_log_ends_the_appends_with_the_refusal_until_a_mount_succeeds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/design/client.md "Mount and the client high-water mark": the refusal is reported once,
+    the partition stays unmounted, the appends pending, blocked and sent meanwhile end with it
+    (none runs again), and it passes when a later mount succeeds."""
+    monkeypatch.setattr(mount_procedure, "REFUSED_MOUNT_PAUSE", 0.05)
+
+    async def scenario(partition: ClientPartition, host: FakeHost, callbacks: Callbacks) -> None:
+        callbacks.reported, host.rejections = [], []
+        first = await mounted(partition, host)
+        partition.send_append(*submission(b"pending"))  # sent: its fate is the next mount's
+        first.closed = True
+        partition.connection_lost(first)  # type: ignore[arg-type]
+        partition.send_append(*submission(b"blocked"))
+        await settle(lambda: len(host.connections) == 2 and host.connections[1].mounts(), "the remount")
+        second = host.connections[1]
+        partition.on_message(second, "error", ahead_of_log(second.mounts()[-1], 3))  # type: ignore[arg-type]
+        assert partition.state is PartitionState.MOUNTING
+        [reported] = callbacks.reported
+        assert isinstance(reported, ClientAheadOfLogError) and partition.refusal is reported
+        assert (reported.client_high_water_mark, reported.high_water_mark) == (5, 3)
+        assert "above partition 0's high-water mark 3" in str(reported)
+        assert [data for data, _ in host.rejections] == [b"pending", b"blocked"]
+        assert all(error is reported for _, error in host.rejections)
+        partition.send_append(*submission(b"while refused"))
+        assert host.rejections[-1] == (b"while refused", reported)
+        assert host.retried == [] and len(partition.monitor) == 0
+        # Asked again after the pause: refused again (not reported again), then mounted.
+        await settle(lambda: len(second.mounts()) == 2, "a second mount request")
+        partition.on_message(second, "error", ahead_of_log(second.mounts()[-1], 3))  # type: ignore[arg-type]
+        assert len(callbacks.reported) == 1
+        await mount(partition, host)
+        assert partition.refusal is None
+        partition.send_append(*submission(b"mounted"))
+        assert len(second.appends()) == 1 and len(host.rejections) == 3
 
     run(scenario)
 

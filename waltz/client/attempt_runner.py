@@ -383,7 +383,14 @@ class AttemptRunner:
         it, and when a commit of this client that the attempt would not see wrote one, let it wait
         for that commit (``TransactionContext.expected_locks``); or, when another context's first
         attempt claimed one of them that this client writes, let it wait for that context's append
-        (:meth:`ClientPartition.claim`; docs/design/locks.md, "Locks of appends in flight")."""
+        (:meth:`ClientPartition.claim`; docs/design/locks.md, "Locks of appends in flight").
+        A partition whose server refused its mount (the client's mark above the log's) ends the
+        context with the refusal at once: nothing would be sent (docs/design/client.md "Mount and
+        the client high-water mark")."""
+        refusal = partition.refusal
+        if refusal is not None:
+            submission.fail(refusal)
+            return
         try:
             expected = submission.context.expected_locks()
         except Exception as exc:  # the application's hint: its error ends the context, as execute's

@@ -164,8 +164,11 @@ class WaltzClient:
             reason it gave) or already applied (with the earlier transaction's ID); true only
             when committed. It raises what ``execute`` raised,
             :class:`~waltz.errors.TransactionExpiredError`, :class:`~waltz.errors.MessageTooLargeError`
-            (the data and locks exceed ``client.maxMessageBytes``), or
-            :class:`~waltz.errors.ClientClosedError`. It cannot be cancelled.
+            (the data and locks exceed ``client.maxMessageBytes``),
+            :class:`~waltz.errors.ClientAheadOfLogError` (the server refused the partition's mount:
+            the application's database is ahead of the log; docs/design/client.md "Mount and the
+            client high-water mark"), or :class:`~waltz.errors.ClientClosedError`. It cannot be
+            cancelled.
 
         Raises:
             ClientClosedError: the client is closed.
@@ -275,6 +278,9 @@ class WaltzClient:
         Raises:
             WaltzTimeoutError: not caught up within ``timeout`` seconds (the message names the
                 partitions behind, with their marks).
+            ClientAheadOfLogError: a server refused a partition's mount: the application's
+                database is ahead of the log (docs/design/client.md "Mount and the client
+                high-water mark").
             TypeError: ``timeout`` is None or not a number (this call has no unbounded form).
             ValueError: ``timeout`` is negative, NaN or infinite.
             ClientClosedError: the client closed meanwhile (or before).
@@ -305,6 +311,9 @@ class WaltzClient:
 
         Raises:
             WaltzTimeoutError: not all mounted within ``timeout`` seconds.
+            ClientAheadOfLogError: a server refused a partition's mount: the application's
+                database is ahead of the log (docs/design/client.md "Mount and the client
+                high-water mark").
             TypeError: ``timeout`` is None or not a number (this call has no unbounded form).
             ValueError: ``timeout`` is negative, NaN or infinite, or a partition does not exist.
             ClientClosedError: the client closed meanwhile (or before).

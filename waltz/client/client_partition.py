@@ -45,6 +45,7 @@ from waltz.client.transaction import Transaction, TransactionDataSource
 from waltz.client.waiting import Watermark
 from waltz.errors import (
     ApplyPausedError,
+    ClientAheadOfLogError,
     PartitionNotOpenError,
     ProtocolError,
     StalePartitionEpochError,
@@ -132,6 +133,7 @@ class ClientPartition:
         """The server's committed high-water mark as last known (feed, flush and mark responses)."""
         self.feed_gaps = 0
         self._feed_mark = -1
+        self._mount_mark = -1  # the mark of the latest mount request: the feed starts after it
         self._queued_mark: int | None = None
         self._to_queue: list[tuple[Transaction, Submission | None]] = []  # handed over by end_of_batch
         window = FeedWindow(
@@ -198,13 +200,26 @@ class ClientPartition:
         """True when the partition is mounted and appends flow."""
         return self._mount.mounted
 
+    @property
+    def refusal(self) -> ClientAheadOfLogError | None:
+        """Why the server refused the latest mount: the client's mark is above the partition's
+        high-water mark (docs/design/client.md "Mount and the client high-water mark"); None
+        otherwise. While it is set, every context submitted to the partition ends with it (read
+        from any thread: a hint, confirmed on the loop when the append would be sent)."""
+        return self._mount.refusal
+
     def on_apply_thread(self) -> bool:
         """True when called from the partition's apply worker (inside ``apply_transaction``)."""
         worker = self.worker
         return worker is not None and worker.is_current_thread()
 
     async def wait_mounted(self) -> None:
-        """Wait until the partition is mounted."""
+        """Wait until the partition is mounted.
+
+        Raises:
+            ClientAheadOfLogError: the server refused the mount (docs/design/client.md "Mount and
+                the client high-water mark").
+        """
         await self._mount.wait_mounted()
 
     def mount(self) -> None:
@@ -296,11 +311,11 @@ class ClientPartition:
         worker = self.worker
         assert worker is not None
         callbacks_mark = max(callbacks_mark, self.floor)  # a new child: its feed starts with the genesis
-        mark = self._mount_mark(callbacks_mark, worker)
-        self._feed_mark = mark
+        mark = self._mark_to_mount_from(callbacks_mark, worker)
+        self._feed_mark = self._mount_mark = mark
         return mark
 
-    def _mount_mark(self, callbacks_mark: int, worker: ApplyWorker) -> int:
+    def _mark_to_mount_from(self, callbacks_mark: int, worker: ApplyWorker) -> int:
         if self._queued_mark is None:
             self._queued_mark = callbacks_mark
             worker.set_floor(callbacks_mark)
@@ -331,6 +346,14 @@ class ClientPartition:
     def on_remount(self) -> None:
         """The partition mounts again: flushes sent before are answered no more."""
         self._appends.forget_flushes()
+
+    def on_refused(self, error: ClientAheadOfLogError) -> None:
+        """The server refused the mount (the client's mark is above the partition's high-water
+        mark): every append of the partition, sent, held back or blocked, ends with ``error``
+        instead of running again (docs/design/client.md "Mount and the client high-water mark")."""
+        ended = self._appends.on_refused(error)
+        if ended:
+            log.error("partition %d: %d transaction(s) ended with the refusal", self.partition_id, ended)
 
     # --- appends (PendingAppends) -----------------------------------------------------------------
 
@@ -496,7 +519,7 @@ class ClientPartition:
         elif kind == "flush":
             assert isinstance(body, client_pb2.FlushResponse)
             self.server_high_water_mark = max(self.server_high_water_mark, body.transaction_id)
-            self._appends.on_flush(body, self._feed_mark)
+            self._appends.on_flush(body, self._feed_mark, self._mount_mark)
         elif kind == "feed_suspended":
             self._host.refresh_assignment()
             self.remount(f"{connection.endpoint} suspended the feed")
@@ -510,9 +533,9 @@ class ClientPartition:
             # Expected while a split runs: the context is routed again, and ends with the error
             # only when the epochs do not move in time (an append each: no line of its own).
             log.debug("partition %d: %s refused for its epoch: %s", self.partition_id, req_id, error.message)
-        else:
+        elif error.code != client_pb2.CLIENT_AHEAD_OF_LOG:  # the mount procedure logs its refusal
             log.warning("partition %d: server error for %s: %s", self.partition_id, req_id, error.message)
-        if self._mount.on_error(req_id, error.message):
+        if self._mount.on_error(req_id, error):
             return
         refusal = self._refusal(req_id, error)
         if isinstance(refusal, StalePartitionEpochError | PartitionNotOpenError):

@@ -534,7 +534,8 @@ class ClientCore:
         self._call(self._set_partitions(wanted))
 
     async def wait_mounted(self, partition_ids: Iterable[int]) -> None:
-        """Wait (on the loop) until the partitions are mounted."""
+        """Wait (on the loop) until the partitions are mounted; raises a partition's
+        :class:`~waltz.errors.ClientAheadOfLogError` when its server refused its mount."""
         for pid in partition_ids:
             await self.partitions[pid].wait_mounted()
 
@@ -571,6 +572,8 @@ class ClientCore:
 
         Raises:
             WaltzTimeoutError: not mounted within ``timeout`` seconds.
+            ClientAheadOfLogError: a server refused a partition's mount (docs/design/client.md
+                "Mount and the client high-water mark").
             ClientClosedError: the client closed meanwhile.
         """
         ids = self._wanted_or(partition_ids)

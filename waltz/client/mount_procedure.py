@@ -17,7 +17,10 @@ used for a first mount and for every reassignment), "Reconnect"; ``docs/protocol
 
 A "not ready" answer means the server does not own the partition under that generation: the
 assignment is read again and the procedure starts over, with a backoff of up to
-:data:`MAX_MOUNT_BACKOFF`.
+:data:`MAX_MOUNT_BACKOFF`. A refusal because the client's mark is above the partition's
+high-water mark (``CLIENT_AHEAD_OF_LOG``) keeps the partition unmounted: the application is told,
+the partition's appends end with the refusal (:meth:`MountSteps.on_refused`), and the procedure
+asks again every :data:`REFUSED_MOUNT_PAUSE` seconds.
 """
 
 from __future__ import annotations
@@ -34,11 +37,18 @@ from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.connection import ServerConnection
 from waltz.client.feed_window import FeedWindow
 from waltz.client.metrics import PartitionMetrics
-from waltz.errors import ServerFeedError
+from waltz.errors import ClientAheadOfLogError, ServerFeedError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 
-__all__ = ["MAX_MOUNT_BACKOFF", "MountHost", "MountProcedure", "MountSteps", "PartitionState"]
+__all__ = [
+    "MAX_MOUNT_BACKOFF",
+    "REFUSED_MOUNT_PAUSE",
+    "MountHost",
+    "MountProcedure",
+    "MountSteps",
+    "PartitionState",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,12 @@ MAX_MOUNT_BACKOFF = 1.0
 #: restart or a move of the partition takes less); then again every ``MOUNT_WARNING_INTERVAL``.
 MOUNT_WARNING_AFTER = 5.0
 MOUNT_WARNING_INTERVAL = 30.0
+#: Seconds between mounts of a partition whose server refused the client's mark as above its
+#: high-water mark (docs/design/client.md "Mount and the client high-water mark"): no backoff
+#: makes a database ahead of the log right, but a view of the owner that was stale (a server
+#: fenced without knowing it yet) is corrected by asking again, after a fresh read of the
+#: assignment.
+REFUSED_MOUNT_PAUSE = 10.0
 
 
 class PartitionState(enum.Enum):
@@ -102,6 +118,11 @@ class MountSteps(Protocol):
         """The partition mounts again: forget what was asked on the connection before."""
         ...
 
+    def on_refused(self, error: ClientAheadOfLogError) -> None:
+        """The server refused the mount: the client's mark is above the partition's high-water
+        mark. End the partition's appends (sent, held, blocked) with ``error``."""
+        ...
+
 
 class MountProcedure:
     """One partition's mount state and the task that mounts it.
@@ -151,6 +172,13 @@ class MountProcedure:
         self.last_failure: str | None = None
         """Why the latest try to mount failed (a connection refused or broken before the mount was
         answered), until the partition is mounted; for the errors of a mount that times out."""
+        self.refusal: ClientAheadOfLogError | None = None
+        """Why the server refused the latest mount (the client's mark is above the partition's
+        high-water mark), until a mount succeeds or the partition stops: the partition's appends
+        end with it."""
+        self._refused = asyncio.Event()  # set while refusal is
+        self._refused_request: ReqId | None = None  # the mount request the latest refusal answered
+        self._refusal_logged_at: float | None = None
 
     @property
     def wanted(self) -> bool:
@@ -164,8 +192,23 @@ class MountProcedure:
         return self.state is _MOUNTED
 
     async def wait_mounted(self) -> None:
-        """Wait until the partition is mounted."""
-        await self._mounted.wait()
+        """Wait until the partition is mounted.
+
+        Raises:
+            ClientAheadOfLogError: the server refused the mount: the client's mark is above the
+                partition's high-water mark (docs/design/client.md "Mount and the client
+                high-water mark").
+        """
+        while not self._mounted.is_set():
+            if self.refusal is not None:
+                raise self.refusal
+            loop = asyncio.get_running_loop()
+            waits = {loop.create_task(self._mounted.wait()), loop.create_task(self._refused.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
 
     def start(self) -> None:
         """Start mounting an unmounted partition."""
@@ -214,6 +257,7 @@ class MountProcedure:
             self._send_unmount()
         self.state = PartitionState.UNMOUNTED
         self._mounted.clear()
+        self._clear_refusal()
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -264,22 +308,64 @@ class MountProcedure:
             if future is not None and not future.done():
                 future.set_result(response.partition_ready)
 
-    def on_error(self, req_id: ReqId, message: str = "") -> bool:
+    def on_error(self, req_id: ReqId, error: client_pb2.ServerError) -> bool:
         """A server error names ``req_id``: when it is the mount request's, that mount is not
         ready (True); False for another request.
 
-        The server could not feed the partition from the client's position (an archived range it
-        cannot read: docs/design/archive.md, "Reads below the local start"): the application is
-        told with a :class:`~waltz.errors.ServerFeedError` carrying the server's message, and the
-        procedure mounts again after its backoff.
+        ``CLIENT_AHEAD_OF_LOG``: the client's mark is above the partition's high-water mark
+        (docs/protocol.md "Mount"); the partition stays unmounted (see :meth:`_refuse`). Any other
+        error: the server could not feed the partition from the client's position (an archived
+        range it cannot read: docs/design/archive.md, "Reads below the local start"); the
+        application is told with a :class:`~waltz.errors.ServerFeedError` carrying the server's
+        message, and the procedure mounts again after its backoff.
         """
         if self._request is None or req_id != self._request:
             return False
-        self._report(ServerFeedError(self._partition_id, self.endpoint or "the server", message))
+        endpoint = self.endpoint or "the server"
+        if error.code == client_pb2.CLIENT_AHEAD_OF_LOG:
+            self._refused_request = req_id
+            self._refuse(
+                ClientAheadOfLogError(
+                    self._partition_id,
+                    endpoint,
+                    error.client_high_water_mark,
+                    error.high_water_mark,
+                    error.message,
+                )
+            )
+        else:
+            self._report(ServerFeedError(self._partition_id, endpoint, error.message))
         future = self._response
         if future is not None and not future.done():
             future.set_result(False)
         return True
+
+    def _refuse(self, error: ClientAheadOfLogError) -> None:
+        """The server refused the mount: the client's mark is above the partition's high-water
+        mark (docs/design/client.md "Mount and the client high-water mark"). The first refusal
+        is logged at ERROR and told to the application (``uncaught_exception``); the partition's
+        appends end with ``error``, as every append until a mount succeeds; a refusal again is
+        logged as a warning every ``MOUNT_WARNING_INTERVAL`` seconds."""
+        now = asyncio.get_running_loop().time()
+        first = self.refusal is None
+        self.refusal = error
+        self.last_failure = str(error)
+        self._refused.set()
+        if first:
+            self._refusal_logged_at = now
+            log.error("%s", error)
+            self._report(error)
+        elif self._refusal_logged_at is None or now - self._refusal_logged_at >= MOUNT_WARNING_INTERVAL:
+            self._refusal_logged_at = now
+            log.warning("still refused: %s", error)
+        else:
+            log.info("refused again: %s", error)
+        self._steps.on_refused(error)
+
+    def _clear_refusal(self) -> None:
+        self.refusal = None
+        self._refused.clear()
+        self._refused_request = self._refusal_logged_at = None
 
     def _cannot_connect(self, endpoint: str, exc: BaseException, tried_at: float, now: float) -> None:
         """Log a failed connection: at INFO until the partition has tried for
@@ -382,6 +468,12 @@ class MountProcedure:
                 if self._ready(mount_mark):
                     return
                 continue  # lost again while unblocking appends: this task mounts again
+            if self._refused_request == req_id:
+                # The client's mark is above the log's: ask again after a while, in case the
+                # owner named by a stale assignment answered (a fresh read may name another).
+                self._host.refresh_assignment()
+                await self._pause(REFUSED_MOUNT_PAUSE)
+                continue
             log.info(
                 "partition %d: %s is not ready for it under generation %d; retrying",
                 self._partition_id,
@@ -397,6 +489,9 @@ class MountProcedure:
         meanwhile (it mounts again)."""
         self.mounts += 1
         self._unreached_since = self._warned_at = self.last_failure = None
+        if self.refusal is not None:
+            log.info("partition %d: mounted; the refusal before has passed", self._partition_id)
+        self._clear_refusal()
         self._request = self._response = None
         self.state = PartitionState.MOUNTED
         self._mounted.set()

@@ -6,8 +6,9 @@ append is sent on the partition's connection and enters the transaction monitor;
 back behind an own pending append holding one of its locks (:class:`~waltz.client.lock_holds.
 LockHolds`); or it is found stale against an own commit it did not see; or, while the partition is
 not mounted, it is blocked until the mount succeeds, or until its context's timeout passes (it
-then ends as expired: nothing was sent). The feed, lock failures, flush answers, server
-errors and mounts resolve what was sent, and the outcome goes to the attempt path
+then ends as expired: nothing was sent), or ends with the server's refusal of the mount (the
+client's mark above the partition's high-water mark). The feed, lock failures, flush answers,
+server errors and mounts resolve what was sent, and the outcome goes to the attempt path
 (:class:`AttemptOutcomes`). Runs on the client's event loop, but for
 the claims (:class:`~waltz.client.lock_claims.LockClaims`), which any thread takes and releases.
 """
@@ -15,6 +16,7 @@ the claims (:class:`~waltz.client.lock_claims.LockClaims`), which any thread tak
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -27,11 +29,13 @@ from waltz.client.metrics import PartitionMetrics
 from waltz.client.monitor import TransactionMonitor
 from waltz.client.mount_procedure import MountProcedure, PartitionState
 from waltz.client.submission import Submission, Waiting
-from waltz.errors import ApplyPausedError, ProtocolError
+from waltz.errors import ApplyPausedError, ClientAheadOfLogError, ProtocolError
 from waltz.protocol import client_pb2
 from waltz.protocol.records import ReqId
 
 __all__ = ["AttemptOutcomes", "PendingAppends", "RequestIds"]
+
+log = logging.getLogger(__name__)
 
 # Module constants for the per-append checks (an enum member read through its class costs more).
 _MOUNTED = PartitionState.MOUNTED
@@ -162,6 +166,10 @@ class PendingAppends:
             return
         connection = mount.connection
         if state is not _MOUNTED or connection is None or connection.closed:
+            refusal = mount.refusal
+            if refusal is not None:  # the client's mark is above the log's: nothing is sent
+                self._outcomes.rejected(submission, refusal)
+                return
             self._blocked.append((submission, payload))
             remaining = submission.remaining()
             if remaining is not None:  # the context's timeout bounds the wait for the mount too
@@ -221,6 +229,22 @@ class PendingAppends:
         for submission, payload in blocked:
             self.send(submission, payload)
         return counts
+
+    def on_refused(self, error: ClientAheadOfLogError) -> int:
+        """The server refused the mount: the client's mark is above the partition's high-water
+        mark (docs/design/client.md "Mount and the client high-water mark"). Every append still
+        pending, and every blocked one, ends with ``error`` instead of running again (what they
+        held back follows, and ends with it when it is sent); flushes sent before are answered no
+        more. Returns how many ended here."""
+        self.forget_flushes()
+        pending = self.monitor.fail_all()
+        blocked, self._blocked = self._blocked, deque()
+        for item in pending:
+            self._outcomes.rejected(item.submission, error)
+            self._resolved(item, None)
+        for submission, _ in blocked:
+            self._outcomes.rejected(submission, error)
+        return len(pending) + len(blocked)
 
     # --- contexts before their first attempt ------------------------------------------------------
 
@@ -369,13 +393,34 @@ class PendingAppends:
         self._flush_reqs[req_id.seq_num] = self.monitor.position
         connection.send(client_pb2.ClientMessage(flush=client_pb2.FlushRequest(req_id=req_id.to_proto())))
 
-    def on_flush(self, response: client_pb2.FlushResponse, feed_mark: int) -> None:
+    def on_flush(self, response: client_pb2.FlushResponse, feed_mark: int, mount_mark: int) -> None:
         """A flush answer: once the feed (now at ``feed_mark``) reaches its high-water mark, every
-        append sent before the flush that is still pending failed."""
+        append sent before the flush that is still pending failed.
+
+        An answer whose mark is below ``mount_mark``, the mark the partition was mounted from,
+        fails nothing: the feed starts after the mount mark, so it never shows a commit at or
+        below it, and a pending append the server committed there would run again, and commit
+        again, at every flush. A server refuses such a mount (docs/protocol.md "Mount"); one that
+        does not (a release before the refusal) gets a warning here instead
+        (docs/design/client.md "Failed-append detection")."""
         position = self._flush_reqs.pop(response.req_id.seq_num, None)
-        if position is not None:
-            self._flush_marks.append((position, response.transaction_id))
-            self.feed_reached(feed_mark)
+        if position is None:
+            return
+        mark = response.transaction_id
+        if mark < mount_mark:
+            log.warning(
+                "partition %d: a flush answered with high-water mark %d, below the mark %d the "
+                "partition was mounted from: the application's database is ahead of this log "
+                "(restored from another cluster? wrong cluster root?); the %d append(s) pending "
+                "are not failed on it, as their commits would never show in the feed",
+                self._partition_id,
+                mark,
+                mount_mark,
+                len(self.monitor),
+            )
+            return
+        self._flush_marks.append((position, mark))
+        self.feed_reached(feed_mark)
 
     @property
     def awaits_flushes(self) -> bool:

@@ -39,9 +39,16 @@ class _ServerErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Serve
     """The partition is a new child of a split that has no genesis yet: epoch names the split
     (docs/design/splits.md "The handover", step 4).
     """
+    CLIENT_AHEAD_OF_LOG: _ServerErrorCode.ValueType  # 3
+    """A mount whose client_high_water_mark is above the partition's committed high-water mark: the
+    application's database is ahead of this log. client_high_water_mark and high_water_mark name
+    both marks; nothing of the mount is kept (docs/protocol.md "Mount").
+    """
 
 class ServerErrorCode(_ServerErrorCode, metaclass=_ServerErrorCodeEnumTypeWrapper):
-    """What a ServerError refuses, when a client acts on it (docs/protocol.md "Partition epochs")."""
+    """What a ServerError refuses, when a client acts on it (docs/protocol.md "Partition epochs",
+    "Mount").
+    """
 
 SERVER_ERROR_UNSPECIFIED: ServerErrorCode.ValueType  # 0
 """Every other error: malformed, past a bound, a reserved header, ... (message says what)."""
@@ -52,6 +59,11 @@ epoch to route it by (docs/design/splits.md "The handover", step 3).
 PARTITION_NOT_OPEN: ServerErrorCode.ValueType  # 2
 """The partition is a new child of a split that has no genesis yet: epoch names the split
 (docs/design/splits.md "The handover", step 4).
+"""
+CLIENT_AHEAD_OF_LOG: ServerErrorCode.ValueType  # 3
+"""A mount whose client_high_water_mark is above the partition's committed high-water mark: the
+application's database is ahead of this log. client_high_water_mark and high_water_mark name
+both marks; nothing of the mount is kept (docs/protocol.md "Mount").
 """
 Global___ServerErrorCode: _TypeAlias = ServerErrorCode  # noqa: Y015
 
@@ -802,12 +814,18 @@ class ServerError(_message.Message):
     CODE_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     PARTITION_COUNT_FIELD_NUMBER: _builtins.int
+    CLIENT_HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
+    HIGH_WATER_MARK_FIELD_NUMBER: _builtins.int
     message: _builtins.str
     code: Global___ServerErrorCode.ValueType
     epoch: _builtins.int
     """with STALE_PARTITION_EPOCH and PARTITION_NOT_OPEN: the epoch"""
     partition_count: _builtins.int
     """with them: that epoch's partition count"""
+    client_high_water_mark: _builtins.int
+    """with CLIENT_AHEAD_OF_LOG: the mount's mark"""
+    high_water_mark: _builtins.int
+    """with it: the partition's committed high-water mark"""
     @_builtins.property
     def req_id(self) -> _common_pb2.ReqId: ...
     def __init__(
@@ -818,10 +836,12 @@ class ServerError(_message.Message):
         code: Global___ServerErrorCode.ValueType = ...,
         epoch: _builtins.int = ...,
         partition_count: _builtins.int = ...,
+        client_high_water_mark: _builtins.int = ...,
+        high_water_mark: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["req_id", b"req_id"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "epoch", b"epoch", "message", b"message", "partition_count", b"partition_count", "req_id", b"req_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["client_high_water_mark", b"client_high_water_mark", "code", b"code", "epoch", b"epoch", "high_water_mark", b"high_water_mark", "message", b"message", "partition_count", b"partition_count", "req_id", b"req_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

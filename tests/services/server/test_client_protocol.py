@@ -474,6 +474,45 @@ def test_a_mount_below_nothing_applied_is_refused_under_its_req_id(cluster: Loca
     run(scenario())
 
 
+def test_a_mount_above_the_high_water_mark_is_refused_as_ahead_of_the_log(cluster: LocalCluster) -> None:
+    """docs/protocol.md "Mount": a mark above the partition's committed high-water mark is refused
+    with CLIENT_AHEAD_OF_LOG and both marks, and nothing of it is kept (the connection's feed of
+    the partition stops), where it was answered ready with a feed starting past the log."""
+    endpoint, generation = cluster.owner(0), generation_of(cluster)
+
+    async def scenario() -> None:
+        client = RawClient(endpoint, 251, generation)
+        writer = RawClient(endpoint, 252, generation)
+        try:
+            mark = await client.mount_at_high_water_mark()
+            for network_seq, ahead in ((2, mark + 1), (3, 10**9)):
+                refused = client.mount(ahead, network_seq=network_seq)
+                error = (await client.next("error")).error
+                assert error.req_id == refused
+                assert error.code == client_pb2.CLIENT_AHEAD_OF_LOG
+                assert (error.client_high_water_mark, error.high_water_mark) == (ahead, mark)
+                assert (
+                    f"client high-water mark {ahead} is above partition 0's high-water mark {mark}: the "
+                    "application's database is ahead of this log" in error.message
+                ), error.message
+                await client.nothing_more()  # no mount response
+            # The refused mount replaced the connection's feed: a commit is not fed to it.
+            writer.mount(mark)
+            assert (await writer.next("mount")).mount.partition_ready
+            sent = writer.append(10**9, b"after the refusal")
+            committed = await writer.next_feed()
+            assert committed.req_id.seq_num == sent.seq_num and committed.transaction_id == mark + 1
+            await client.nothing_more()
+            # The partition's own mark mounts as ever.
+            client.mount(mark + 1, network_seq=4)
+            assert (await client.next("mount")).mount.partition_ready
+        finally:
+            await client.close()
+            await writer.close()
+
+    run(scenario())
+
+
 def test_the_feed_window_bounds_a_mount_and_grants_resume_it(cluster: LocalCluster) -> None:
     """docs/protocol.md "Feed window": parked at the window end, in catch-up and in realtime."""
     endpoint, generation = cluster.owner(0), generation_of(cluster)

@@ -56,6 +56,12 @@ _GAUGES: tuple[tuple[str, str, Callable[[Partition], float]], ...] = (
         "Times a connection's feed stopped at the end of its window until the client granted more.",
         lambda p: p.parked_feeds,
     ),
+    (
+        "refused_mounts",
+        "Mounts refused because the client's high-water mark was above the partition's (the "
+        "application's database is ahead of this log: docs/protocol.md).",
+        lambda p: p.refused_mounts,
+    ),
 )
 
 

@@ -326,6 +326,7 @@ class Partition:
         self.feed_cache_misses = 0
         self.feed_windows = 0
         self.parked_feeds = 0
+        self.refused_mounts = 0  # mounts above the high-water mark (CLIENT_AHEAD_OF_LOG)
         self.data_cache_hits = 0
         self.data_cache_misses = 0
 
@@ -1012,9 +1013,41 @@ class Partition:
         old = self._cursors.pop(connection.connection_id, None)
         if old is not None and old.task is not None:
             old.task.cancel()
+        if request.client_high_water_mark > self.high_water_mark:
+            # Recovered and opened (a new child's genesis appended): the mark is the log's own.
+            self._refuse_ahead(connection, request)
+            return
         cursor = _Cursor(connection, request, request.client_high_water_mark + 1)
         self._cursors[connection.connection_id] = cursor
         cursor.task = asyncio.get_running_loop().create_task(self._catch_up(cursor, first=True))
+
+    def _refuse_ahead(self, connection: ClientConnection, request: client_pb2.MountRequest) -> None:
+        """Refuse a mount whose client high-water mark is above the partition's committed one
+        (``CLIENT_AHEAD_OF_LOG``, docs/design/server.md "Mount and feed"): the client's database
+        holds transactions this log never committed, so a feed after its mark would never show
+        the client its own commits. Nothing of the mount is kept (no cursor, no window)."""
+        mark, high_water_mark = request.client_high_water_mark, self.high_water_mark
+        message = _ahead_of_log_message(self.partition_id, mark, high_water_mark)
+        log.warning(
+            "partition %d: refused the mount of client %d on connection %d: %s",
+            self.partition_id,
+            request.req_id.client_id,
+            connection.connection_id,
+            message,
+        )
+        self._windows.pop(connection.connection_id, None)
+        self.refused_mounts += 1
+        connection.send(
+            client_pb2.ServerMessage(
+                error=client_pb2.ServerError(
+                    req_id=request.req_id,
+                    message=message,
+                    code=client_pb2.CLIENT_AHEAD_OF_LOG,
+                    client_high_water_mark=mark,
+                    high_water_mark=high_water_mark,
+                )
+            )
+        )
 
     async def _catch_up(self, cursor: _Cursor, first: bool) -> None:
         """Send a cursor everything committed after it, then switch it to the realtime feed.
@@ -1347,6 +1380,25 @@ class Partition:
             size += len(record.data)
             next_id += 1
         return found
+
+
+def _ahead_of_log_message(partition_id: int, client_high_water_mark: int, high_water_mark: int) -> str:
+    """What a ``CLIENT_AHEAD_OF_LOG`` refusal says (docs/protocol.md "Mount").
+
+    Args:
+        partition_id: the partition.
+        client_high_water_mark: the mount's mark.
+        high_water_mark: the partition's committed high-water mark.
+
+    Returns:
+        The refusal's message: both marks, the likely causes and what to do.
+    """
+    return (
+        f"client high-water mark {client_high_water_mark} is above partition {partition_id}'s high-water "
+        f"mark {high_water_mark}: the application's database is ahead of this log (restored from another "
+        "cluster? wrong cluster root?); point the client at the cluster the database was applied from, or "
+        "rebuild the database from this log (waltz rebuild)"
+    )
 
 
 def _lock_failure(req_id: ReqId, transaction_id: int) -> client_pb2.ServerMessage:
