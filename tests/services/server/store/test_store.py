@@ -17,11 +17,12 @@ from support.storage import run
 from tests.services.server.conftest import StoreCluster
 from waltz.errors import StorageRpcError
 from waltz.local.nodes import LocalStorageNode
+from waltz.metadata.values import PartitionMetadata, ReplicaState
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import StorageAdminClient, StorageSessionClient
 from waltz.services.server.store.append_queue import RECORD_OVERHEAD_BYTES, AppendQueue, PendingAppend
 from waltz.services.server.store.config import StoreConfig
-from waltz.services.server.store.recovery import RecoveryResult
+from waltz.services.server.store.recovery import RecoveryAbortedError, RecoveryManager, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError, StorageStreams
 from waltz.services.server.store.store_partition import (
     AppendFailedError,
@@ -672,6 +673,176 @@ def test_a_storage_restored_from_an_old_backup_is_truncated_and_caught_up(
         assert len({tuple(r) for r in replicas.values()}) == 1
 
     run(third_part())
+
+
+def test_a_replica_restored_from_an_old_backup_casts_no_vote_and_acknowledged_records_stay(
+    store_cluster: StoreCluster, tmp_path: Path
+) -> None:
+    """docs/design/recovery.md "Cleaning each replica": a replica restored from a backup holds less
+    than it acknowledged, so its maximum is no vote. A and B acknowledge 100..199 while C is down at
+    99; B's disk is then replaced by a backup from before 100. Counting B's low-water mark as a
+    vote would resolve 99 with C and truncate A; as a voter that cannot vote, B leaves the vote
+    undecidable between A and C, which C's catch-up from A settles at 199."""
+    a, b, c = store_cluster.storages
+
+    async def write(first: int, count: int) -> None:
+        partition = store(store_cluster)
+        partition.start()
+        assert await asyncio.wait_for(append_many(partition, first, count), 30) == list(
+            range(first, first + count)
+        )
+        await partition.close()
+
+    run(write(0, 100))
+    b.stop()
+    backup = tmp_path / "backup"
+    shutil.copytree(b.directory, backup)
+    b.start()
+    c.stop()
+    run(write(100, 100))  # acknowledged by A and B; C is down and gets the closing mark 99
+    assert store_cluster.zk.partition_metadata(0).value.replicas[c.address].closing_high_water_mark == 99
+    b.stop()
+    shutil.rmtree(b.directory)
+    shutil.copytree(backup, b.directory)
+    b.start()
+    c.start()
+
+    async def the_next_owner() -> None:
+        partition = store(store_cluster)
+        partition.start()
+        await partition.wait_writable(30)
+        assert partition.high_water_mark == 199
+        assert await asyncio.wait_for(append_many(partition, 200, 10), 30) == list(range(200, 210))
+        await settle(lambda: b.address in partition.replicas_in_session, "the restored replica joins", 30)
+        await partition.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert {s: len(r) for s, r in replicas.items()} == {s.address: 210 for s in store_cluster.storages}
+        assert len({tuple(r) for r in replicas.values()}) == 1
+        assert [r.data for r in replicas[a.address]] == [payload(i) for i in range(210)]
+
+    run(the_next_owner())
+
+
+def numbered_records(first: int, count: int) -> list[Record]:
+    return [
+        Record(i, ReqId(1, 1, 0, i), 0, payload(i), crc32(payload(i))) for i in range(first, first + count)
+    ]
+
+
+def last_session_on_disk(cluster: StoreCluster, holding: dict[str, int], restored: set[str]) -> None:
+    """Make partition 0's replicas in ``holding`` the writers of store session 2 in ZooKeeper
+    (unresolved closing marks), as a session leaves them when its owner stops: session 1 wrote
+    0..99 to each and set its low-water mark to 49; session 2 set the mark to 99 on each replica
+    not in ``restored`` and wrote up to ``holding[storage]`` there. A replica in ``restored`` holds
+    what session 1 left (its disk restored from a backup of then)."""
+    n, key = cluster.params.num_partitions, cluster.cluster_key
+
+    async def write() -> None:
+        for session, ids in ((1, None), (2, holding)):
+            for storage in holding:
+                if session == 2 and storage in restored:
+                    continue
+                connection = ReplicaConnection(storage, 0, session, key, n, FAST)
+                await connection.open()
+                try:
+                    if ids is None:
+                        await connection.append(numbered_records(0, 100))
+                        await connection.set_low_water_mark(49)
+                    else:
+                        await connection.set_low_water_mark(99)
+                        await connection.append(numbered_records(100, ids[storage] - 99))
+                finally:
+                    await connection.close()
+
+    run(write())
+    current = cluster.zk.partition_metadata(0)
+    replicas = {storage: ReplicaState(2, None) for storage in holding}
+    cluster.zk.set_partition_metadata(0, PartitionMetadata(1, 2, replicas), current.version)
+
+
+def recovery_manager(
+    cluster: StoreCluster, assigned: list[str], closed: Callable[[], bool]
+) -> RecoveryManager:
+    """The recovery of partition 0's next store session, as a store partition runs it."""
+    previous, session = cluster.zk.begin_store_session(0, 1)
+    n, key, session_id = cluster.params.num_partitions, cluster.cluster_key, session.value.session_id
+    return RecoveryManager(
+        0,
+        session,
+        previous,
+        assigned,
+        lambda storage: ReplicaConnection(storage, 0, session_id, key, n, FAST),
+        cluster.zk,
+        FAST,
+        closed=closed,
+    )
+
+
+async def close_recovered(result: RecoveryResult) -> None:
+    for connection in result.clean.values():
+        await connection.close()
+    for lagging in result.lagging.values():
+        await lagging.connection.close()
+
+
+@pytest.mark.parametrize("replicas", [3, 2], ids=["three-replicas", "two-replicas"])
+def test_the_recovery_counts_a_restored_replica_as_a_voter_that_is_down(
+    store_cluster: StoreCluster, replicas: int
+) -> None:
+    """docs/design/recovery.md "Replicas restored from an old copy": A and B acknowledged 100..199
+    in session 2 while the writer C stayed at 99; B was then restored from a backup of session 1.
+    Its low-water mark is no vote, or 99 would win with C and A's acknowledged records would go.
+    Counted as down, it leaves the vote undecidable; C copies A's records and 199 wins. With two
+    replicas, A alone is in every quorum: B votes once it holds A's records, and 199 wins too."""
+    a, b, c = (s.address for s in store_cluster.storages)
+    holding = {a: 199, b: 199, c: 99} if replicas == 3 else {a: 199, b: 199}
+    last_session_on_disk(store_cluster, holding, restored={b})
+
+    async def recover() -> None:
+        result = await asyncio.wait_for(
+            recovery_manager(store_cluster, sorted(holding), lambda: False).run(), 30
+        )
+        await close_recovered(result)
+        assert result.high_water_mark == 199
+        assert sorted(result.clean) == sorted(holding)
+        stored = await replica_records(store_cluster, 0, store_cluster.storages[:replicas])
+        assert {s: [r.transaction_id for r in rs] for s, rs in stored.items()} == {
+            s: list(range(200)) for s in holding
+        }
+        assert len({tuple(rs) for rs in stored.values()}) == 1
+
+    run(recover())
+
+
+def test_the_recovery_waits_while_restored_replicas_and_unreached_ones_are_a_quorum(
+    store_cluster: StoreCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design/recovery.md "Replicas restored from an old copy": with B and C both restored,
+    only A holds its own records, and a quorum (B and C) may have acknowledged records A lacks.
+    The recovery resolves no mark: it waits, naming the restored replicas, and truncates nothing
+    A holds."""
+    a, b, c = (s.address for s in store_cluster.storages)
+    last_session_on_disk(store_cluster, {a: 149, b: 199, c: 199}, restored={b, c})
+    caplog.set_level(logging.INFO, logger="waltz.services.server.store")
+    stop = False
+
+    def waiting() -> bool:
+        return any("cast no vote" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
+
+    async def recover() -> None:
+        nonlocal stop
+        task = asyncio.create_task(recovery_manager(store_cluster, [a, b, c], lambda: stop).run())
+        await settle(waiting, "the recovery warns that it waits for a voter", 30)
+        stop = True
+        with pytest.raises(RecoveryAbortedError):
+            await asyncio.wait_for(task, 10)
+        stored = await replica_records(store_cluster, 0)
+        assert len(stored[a]) == 150
+
+    run(recover())
+    warning = next(r.getMessage() for r in caplog.records if "cast no vote" in r.getMessage())
+    assert f"{', '.join(sorted((b, c)))} restored from an old copy" in warning, warning
+    assert "undecidable" in warning, warning
 
 
 def test_a_replica_whose_partition_info_is_corrupt_is_left_out_with_a_warning(

@@ -218,7 +218,7 @@ class ReplicaCatchUp:
         state = current.value.replicas.get(self.storage)
         if state is not None and state.unresolved and state.session_id != session.session_id:
             state = None  # not closed by this session's recovery: keep only what its own mark says
-        mark = await clean_replica(self._partition_id, self.storage, connection, state)
+        mark = (await clean_replica(self._partition_id, self.storage, connection, state)).high_water_mark
         # A writer of this session that returns may hold a higher mark the session set on it: a
         # low-water mark never goes down (docs/design/storage.md, "The committed floor").
         _, own_mark = await connection.last_session_info()

@@ -5,12 +5,17 @@ Run whenever a store session starts, before it writes anything:
 1. Every reachable replica is cleaned by what ZooKeeper and the replica itself say about it:
    a replica that is not in the last session's replica set (new), or whose last session on disk is
    older than its replica state (restored from an old backup, docs/design/recovery.md "Cleaning
-   each replica"), is truncated to its own low-water mark; a replica whose closing high-water mark
-   is known is truncated to it; any other replica of the last session keeps its records, which
-   are a prefix of what the last session wrote, and votes with its max transaction ID.
+   each replica"), is truncated to its own low-water mark and casts no vote: a restored replica may
+   have acknowledged more than it holds, so it counts as a voter that is down. A replica whose
+   closing high-water mark is known is truncated to it; any other replica of the last session
+   keeps its records, which are a prefix of what the last session wrote, and votes with its max
+   transaction ID.
 2. The replicas of the last session vote (:func:`voting.resolve_high_water_mark`). While the
    result is undecidable, replicas behind the highest one are caught up from it (copying the
    last session's records, which may decide the vote), and replicas that were down are tried again.
+   A restored replica votes only once it holds the highest reachable replica's records and the
+   replicas that vote with their own records are in every quorum of the last session
+   (docs/design/recovery.md "Replicas restored from an old copy").
 3. Every reachable replica above the resolved high-water mark is truncated to it, and its
    low-water mark is set. Replicas at the mark are the clean replicas that the new session writes
    to; if fewer than a quorum are, the most advanced replicas below it are caught up first. The
@@ -39,7 +44,14 @@ from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.replica import ReplicaConnection, ReplicaError
 from waltz.services.server.store.voting import resolve_high_water_mark
 
-__all__ = ["LaggingReplica", "RecoveryAbortedError", "RecoveryManager", "RecoveryResult", "clean_replica"]
+__all__ = [
+    "CleanedReplica",
+    "LaggingReplica",
+    "RecoveryAbortedError",
+    "RecoveryManager",
+    "RecoveryResult",
+    "clean_replica",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +64,29 @@ class RecoveryAbortedError(WaltzError):
 class _Replica:
     connection: ReplicaConnection
     high_water_mark: int
-    in_last_set: bool
+    # A replica of the last set that votes (restored ones only once admitted, _admit_restored).
+    votes: bool
+    # A replica of the last set restored from an old copy (docs/design/recovery.md "Replicas
+    # restored from an old copy").
+    restored: bool = False
     clean: bool = False
     lagging: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedReplica:
+    """One replica after cleaning (docs/design/recovery.md "Cleaning each replica").
+
+    Attributes:
+        high_water_mark: its highest transaction ID after cleaning.
+        restored: True when its last session on disk is older than its replica state says
+            (restored from an old copy): it may have acknowledged transactions it no longer
+            holds, so its maximum is no vote (docs/design/recovery.md "Replicas restored from an
+            old copy").
+    """
+
+    high_water_mark: int
+    restored: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +123,7 @@ class RecoveryResult:
 
 async def clean_replica(
     partition_id: int, storage: str, connection: ReplicaConnection, state: ReplicaState | None
-) -> int:
+) -> CleanedReplica:
     """Clean one replica by the rules of docs/design/recovery.md "Cleaning each replica".
 
     Args:
@@ -101,7 +133,8 @@ async def clean_replica(
         state: its replica state in the partition metadata (None: new to the partition).
 
     Returns:
-        The replica's highest transaction ID after cleaning.
+        The replica's highest transaction ID after cleaning, and whether it was restored from an
+        old copy (its maximum is then no vote).
 
     Raises:
         ReplicaError: the replica failed a request.
@@ -114,18 +147,19 @@ async def clean_replica(
             storage,
             low_water_mark,
         )
-        return await connection.truncate(low_water_mark)
+        return CleanedReplica(await connection.truncate(low_water_mark))
     if last_session < state.session_id:
         log.warning(
             "partition %d: replica on %s was last in session %d but ZooKeeper says %d (restored from "
-            "a backup?): truncating to its low-water mark %d and catching it up",
+            "a backup?): truncating to its low-water mark %d and catching it up; it casts no vote, "
+            "since it may have acknowledged transactions it no longer holds",
             partition_id,
             storage,
             last_session,
             state.session_id,
             low_water_mark,
         )
-        return await connection.truncate(low_water_mark)
+        return CleanedReplica(await connection.truncate(low_water_mark), restored=True)
     closing = state.closing_high_water_mark
     if closing is not None:
         if low_water_mark > closing:
@@ -139,8 +173,8 @@ async def clean_replica(
                 low_water_mark,
                 closing,
             )
-        return await connection.truncate(max(closing, low_water_mark))
-    return await connection.max_transaction_id()
+        return CleanedReplica(await connection.truncate(max(closing, low_water_mark)))
+    return CleanedReplica(await connection.max_transaction_id())
 
 
 class RecoveryManager:
@@ -210,12 +244,13 @@ class RecoveryManager:
                 if attempt == 1 or attempt % 20 == 0:
                     log.warning(
                         "partition %d: session %d waits for storage nodes: %d of %d assigned replicas "
-                        "reachable, high-water mark %s",
+                        "reachable, high-water mark %s%s",
                         self.partition_id,
                         self.session_id,
                         len(self._replicas),
                         len(self.assigned),
                         "undecidable" if high_water_mark is None else high_water_mark,
+                        self._restored_note() if high_water_mark is None else "",
                     )
                 await asyncio.sleep(self._config.retry_interval)
             metadata = await asyncio.to_thread(self._update_metadata, high_water_mark)
@@ -258,7 +293,7 @@ class RecoveryManager:
         connection = self._connect(storage)
         try:
             await connection.open()
-            high_water_mark = await self._clean_replica(storage, connection)
+            cleaned = await self._clean_replica(storage, connection)
         except ReplicaError as exc:
             await connection.close()
             if exc.code == "SESSION_FENCED":
@@ -272,9 +307,15 @@ class RecoveryManager:
             level = logging.WARNING if loud else logging.INFO
             log.log(level, "partition %d: replica on %s unavailable: %s", self.partition_id, storage, exc)
             return
-        self._replicas[storage] = _Replica(connection, high_water_mark, storage in self._last_set)
+        in_last_set = storage in self._last_set
+        self._replicas[storage] = _Replica(
+            connection,
+            cleaned.high_water_mark,
+            votes=in_last_set and not cleaned.restored,
+            restored=in_last_set and cleaned.restored,
+        )
 
-    async def _clean_replica(self, storage: str, connection: ReplicaConnection) -> int:
+    async def _clean_replica(self, storage: str, connection: ReplicaConnection) -> CleanedReplica:
         """Apply step 1 to one replica and return its high-water mark."""
         state = ReplicaState(-1, None) if self._fresh else self.previous.replicas.get(storage)
         return await clean_replica(self.partition_id, storage, connection, state)
@@ -283,7 +324,9 @@ class RecoveryManager:
 
     async def _resolve(self) -> int | None:
         while True:
-            voters = [r for r in self._replicas.values() if r.in_last_set]
+            self._admit_restored()
+            voters = [r for r in self._replicas.values() if r.votes]
+            # Unreachable voters, and restored replicas not admitted yet, vote for nothing.
             offline = len(self._last_set) - len(voters)
             resolved = resolve_high_water_mark(
                 [r.high_water_mark for r in voters], offline, quorum_of(len(self._last_set))
@@ -293,6 +336,41 @@ class RecoveryManager:
             # Undecidable: catching replicas up with the highest one can decide it.
             if not await self._catch_up_with_usher():
                 return None
+
+    def _admit_restored(self) -> None:
+        """Let restored replicas vote once their vote is sound (docs/design/recovery.md "Replicas
+        restored from an old copy").
+
+        A voter is sound when its maximum is at least every committed record it acknowledged;
+        every other voter of the last set counts as down. A committed record is on a quorum of
+        the last set, so when the sound voters reached are in every quorum (more than the last
+        set's size minus the quorum), one of them holds it, and the highest reachable replica's
+        maximum is at least every committed record. A restored replica that holds that maximum
+        then votes with it: its vote is at least everything it acknowledged before its restore.
+        """
+        restored = [r for r in self._replicas.values() if r.restored and not r.votes]
+        if not restored:
+            return
+        sound = sum(r.votes for r in self._replicas.values())
+        if len(self._last_set) - sound >= quorum_of(len(self._last_set)):
+            return  # a quorum may have acknowledged records that no sound voter reached holds
+        top = max(r.high_water_mark for r in self._replicas.values())
+        for replica in restored:
+            if replica.high_water_mark == top:
+                replica.votes = True
+
+    def _restored_note(self) -> str:
+        """What the wait's warning adds when restored replicas cast no vote."""
+        restored = sorted(s for s, r in self._replicas.items() if r.restored and not r.votes)
+        if not restored:
+            return ""
+        citation = 'docs/design/recovery.md, "Replicas restored from an old copy"'
+        return (
+            f"; {', '.join(restored)} restored from an old copy and cast no vote: they and the voters "
+            f"not reached are a quorum of the last session's {len(self._last_set)} replicas, so "
+            "transactions acknowledged before the restore may be on no replica reached; the recovery "
+            f"waits for a replica of the last session that holds its own records ({citation})"
+        )
 
     async def _catch_up_with_usher(self) -> bool:
         if len(self._replicas) < 2:
