@@ -78,6 +78,16 @@ class _PartitionCollector(Collector):
             for pid, partition in partitions:
                 family.add_metric([str(pid)], read(partition))
             yield family
+        lag = GaugeMetricFamily(
+            "waltz_server_partition_catch_up_lag_records",
+            "Committed records a replica caught up in the background lacks: the session's high-water "
+            "mark minus the replica's last record (docs/design/recovery.md); gone once its catch-up ends.",
+            labels=["partition", "replica"],
+        )
+        for pid, partition in partitions:
+            for replica, records in partition.store.catch_up_lags.items():
+                lag.add_metric([str(pid), replica], records)
+        yield lag
         cache = GaugeMetricFamily(
             "waltz_server_partition_cache_lookups",
             "Feed cache and transaction data cache lookups, by cache and outcome.",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
+import pytest
 from support import settle
 from support.storage import run
 
@@ -13,6 +16,7 @@ from tests.services.server.store.test_store import (
     append_many,
     append_until,
     open_replicas,
+    payload,
     queued_appends,
     replica_records,
     store,
@@ -20,6 +24,8 @@ from tests.services.server.store.test_store import (
 from waltz.protocol import storage_pb2
 from waltz.protocol.records import Record, ReqId, crc32
 from waltz.protocol.storage_client import columns_append
+from waltz.services.server.metrics import ServerMetrics
+from waltz.services.server.server_partition import Partition
 from waltz.services.server.store.config import StoreConfig
 from waltz.services.server.store.recovery import LaggingReplica, RecoveryResult
 from waltz.services.server.store.replica import ReplicaConnection
@@ -216,3 +222,91 @@ def test_a_session_that_ends_as_a_replica_joins_waits_for_what_it_sent_that_repl
         assert all([r.transaction_id for r in records] == list(range(5)) for records in replicas.values())
 
     run(scenario())
+
+
+def test_a_catch_up_slower_than_the_writes_shows_its_lag_and_warns(
+    store_cluster: StoreCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/design/recovery.md "Catching up in the background": a copy slower than the writes
+    never lets the replica join. The server's metrics show the replica's lag (the high-water mark
+    minus its last record) while it catches up, a WARNING names it and storage.catchUpRate once
+    the lag grew over a window, and the lag is gone once the catch-up ends (here, it joins after
+    the writes stop)."""
+    # About 90 records of ~85 bytes a second, in pages of 10; the writes go at up to 1,000 a second.
+    config = StoreConfig(
+        connect_timeout=2.0,
+        request_timeout=5.0,
+        retry_interval=0.2,
+        catch_up_page=10,
+        catch_up_rate=8_000,
+        catch_up_lag_window=1.0,
+    )
+    n, key = store_cluster.params.num_partitions, store_cluster.cluster_key
+    partition = Partition(
+        0, 1, lambda committed: StorePartition(0, 1, store_cluster.zk, key, n, config, on_commit=committed)
+    )
+    registry = ServerMetrics(lambda: {0: partition}).registry
+    victim = store_cluster.storages[2].address
+    caplog.set_level(logging.INFO, logger="waltz.services.server.store")
+
+    def lag() -> float | None:
+        return registry.get_sample_value(
+            "waltz_server_partition_catch_up_lag_records", {"partition": "0", "replica": victim}
+        )
+
+    def warned() -> list[str]:
+        return [
+            r.getMessage()
+            for r in caplog.records
+            if r.levelno == logging.WARNING and "slower than the writes" in r.getMessage()
+        ]
+
+    store_ = partition.store
+
+    async def write(first: int, stop: asyncio.Event) -> int:
+        """Append 50 at a time, every 50 ms at most, until ``stop`` (at most 60 s); return the next."""
+        deadline = time.monotonic() + 60
+        while not stop.is_set() and time.monotonic() < deadline:
+            appended = await asyncio.wait_for(append_many(store_, first, 50), 30)
+            assert appended == list(range(first, first + 50))
+            first += 50
+            await asyncio.sleep(0.05)
+        return first
+
+    async def scenario() -> None:
+        store_.start()
+        try:
+            assert await append_many(store_, 0, 100) == list(range(100))
+            store_cluster.storage(victim).kill()
+            await settle(lambda: replaced(store_, victim), "a session without the killed replica", 30)
+            assert await append_many(store_, 100, 200) == list(range(100, 300))  # its lag to begin with
+            assert lag() is None
+            await asyncio.to_thread(store_cluster.storage(victim).start)
+            await settle(lambda: lag() is not None, "the returning replica's catch-up", 30)
+            stop = asyncio.Event()
+            writer = asyncio.create_task(write(300, stop))
+            try:
+                await settle(
+                    lambda: bool(warned()), "a warning that the catch-up is slower than the writes", 20
+                )
+                behind, lags, mark = lag(), store_.catch_up_lags, store_.high_water_mark  # one moment
+                assert behind == lags[victim] and 0 < behind <= mark + 1, (behind, lags, mark)
+                assert victim in store_.replicas_catching_up
+            finally:
+                stop.set()
+                written = await writer
+            await settle(
+                lambda: victim in store_.replicas_in_session, "the replica joins once writes stop", 60
+            )
+            assert lag() is None, "the lag of a replica whose catch-up ended is still shown"
+            assert await append_many(store_, written, 10) == list(range(written, written + 10))
+        finally:
+            await store_.close()
+        replicas = await replica_records(store_cluster, 0)
+        assert len({tuple(r) for r in replicas.values()}) == 1
+        assert [r.data for r in replicas[victim]] == [payload(i) for i in range(written + 10)]
+
+    run(scenario())
+    message = warned()[0]
+    assert victim in message and "storage.catchUpRate (8000 bytes/s now)" in message, message
+    assert "reduce the write rate" in message, message

@@ -16,6 +16,11 @@ are then always a prefix of the session's log, so that any later recovery may co
 A failure of the replica, or of the copy, ends the catch-up, never the session; the session's
 probe tries the replica again.
 
+A catch-up measures its lag (:attr:`ReplicaCatchUp.lag`: the committed records the replica lacks),
+which the server's metrics show per replica. A copy slower than the writes never lets the replica
+join: when the lag grew over ``StoreConfig.catch_up_lag_window`` seconds, the catch-up says so at
+WARNING, at most once a window, naming the replica and ``storage.catchUpRate``.
+
 When the writer it copies from no longer holds the replica's next records (retention deleted
 them: they are below the writer's local start, and archived), the replica cannot copy the gap: it
 is reset to start at that local start, and the copy goes on from there (docs/design/archive.md,
@@ -78,7 +83,12 @@ class JoinableSession(Protocol):
 
     @property
     def config(self) -> StoreConfig:
-        """Store settings (``catch_up_page``, ``catch_up_rate``, ``retry_interval``)."""
+        """Store settings (``catch_up_page``, ``catch_up_rate``, ``catch_up_lag_window``,
+        ``retry_interval``)."""
+
+    @property
+    def high_water_mark(self) -> int:
+        """The session's committed high-water mark (a catch-up's lag is measured from it)."""
 
     def join(self, storage: str, connection: ReplicaConnection, last: int) -> bool:
         """Make the replica a writer if the session's kept batches reach back to ``last + 1``."""
@@ -153,6 +163,23 @@ class ReplicaCatchUp:
         self._reached = lagging is not None
         self.copied = 0
         """Records copied so far."""
+        self.next_transaction_id: int | None = None
+        """The next record the replica needs (None until it is reached and cleaned)."""
+        # The lag at the start of the current window, and when it started (_watch_lag).
+        self._window_lag: int | None = None
+        self._window_start = 0.0
+
+    @property
+    def lag(self) -> int | None:
+        """Committed records the replica lacks: the session's high-water mark minus the replica's
+        last record, at least 0 (docs/design/recovery.md "Catching up in the background").
+
+        Returns:
+            The lag, or None while the replica is not reached and cleaned yet.
+        """
+        if self.next_transaction_id is None:
+            return None
+        return max(0, self.session.high_water_mark - self.next_transaction_id + 1)
 
     async def run(self) -> None:
         """Reach (if need be), copy, join; log and return when the replica or the copy fails."""
@@ -251,7 +278,11 @@ class ReplicaCatchUp:
         copied_bytes = 0
         next_id = mark + 1
         first = next_id
+        self.next_transaction_id = next_id
+        self._window_start, self._window_lag = started, self.lag
         while not session.ending:
+            self.next_transaction_id = next_id
+            self._watch_lag()
             if session.join(self.storage, connection, next_id - 1):
                 self.joined = True
                 log.info(
@@ -296,3 +327,33 @@ class ReplicaCatchUp:
                 delay = started + copied_bytes / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
+
+    def _watch_lag(self) -> None:
+        """Warn, at most once a window, when the lag grew over the last window by more than a
+        page (what one round of copying moves it by): the copy is slower than the writes, and the
+        replica never joins at this pace."""
+        config = self.session.config
+        now = time.monotonic()
+        elapsed = now - self._window_start
+        if elapsed < config.catch_up_lag_window:
+            return
+        lag, before = self.lag, self._window_lag
+        self._window_start, self._window_lag = now, lag
+        if lag is None or before is None or lag - before <= config.catch_up_page:
+            return
+        rate = config.catch_up_rate
+        log.warning(
+            "partition %d: catch-up of the replica on %s is slower than the writes: %d committed "
+            "records behind, %d more than %.0f s ago (%d copied so far); it joins the session only once "
+            "the copy overtakes the writes: %s",
+            self._partition_id,
+            self.storage,
+            lag,
+            lag - before,
+            elapsed,
+            self.copied,
+            f"raise storage.catchUpRate ({rate:.0f} bytes/s now) or reduce the write rate"
+            if rate > 0
+            else "storage.catchUpRate sets no limit, so reduce the write rate or look at the replica's "
+            "storage node",
+        )

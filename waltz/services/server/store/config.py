@@ -36,6 +36,9 @@ class StoreConfig:
             (``storage.catchUpPage``, docs/design/recovery.md "Catching up in the background").
         catch_up_rate: transaction data bytes per second at most that one lagging replica is
             copied at while its session writes (``storage.catchUpRate``; 0: no limit).
+        catch_up_lag_window: seconds over which a background catch-up compares its lag: a lag
+            that grew over a window is logged at WARNING, at most once a window
+            (docs/design/recovery.md "Catching up in the background"; no configuration key).
         tls: client TLS files for storage connections, or None for plaintext.
     """
 
@@ -49,4 +52,5 @@ class StoreConfig:
     retry_interval: float = 0.5
     catch_up_page: int = 500
     catch_up_rate: float = 32 << 20
+    catch_up_lag_window: float = 30.0
     tls: TlsConfig | None = None

@@ -194,6 +194,17 @@ class StorePartition:
         """The storage nodes the current session is catching up (not yet writing to)."""
         return sorted(self._session.catch_ups) if self._session is not None else []
 
+    @property
+    def catch_up_lags(self) -> dict[str, int]:
+        """Committed records each replica the current session catches up lacks, by storage node
+        (docs/design/recovery.md "Catching up in the background"); a replica not reached and
+        cleaned yet is left out, and a replica leaves once its catch-up ends."""
+        session = self._session
+        if session is None:
+            return {}
+        lags = ((storage, catch_up.lag) for storage, catch_up in sorted(session.catch_ups.items()))
+        return {storage: lag for storage, lag in lags if lag is not None}
+
     # ---- appends ----
 
     def submit(self, req_id: ReqId, header: int, data: bytes) -> asyncio.Future[int]:

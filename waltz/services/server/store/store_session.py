@@ -143,6 +143,11 @@ class StoreSession:
         """True once the session takes no new records."""
         return self._ending is not None
 
+    @property
+    def high_water_mark(self) -> int:
+        """The partition's committed high-water mark (what its catch-ups measure their lag from)."""
+        return self._queue.high_water_mark
+
     async def run(self) -> None:
         """Write until the session ends (see :meth:`end`) and its batches in flight, and the kept
         batches sent again to replicas that joined, are answered."""
