@@ -131,7 +131,16 @@ def upgrade(
         typer.Option(
             "--sql",
             help="Print the DDL instead of running it (offline: nothing connects to the database, "
-            "the URL only names the dialect, e.g. `postgresql://` or `mysql://`).",
+            "the URL only names the dialect, e.g. `postgresql://` or `mariadb://`; `mysql://` "
+            "needs --mysql-8).",
+        ),
+    ] = False,
+    mysql_8: Annotated[
+        bool,
+        typer.Option(
+            "--mysql-8",
+            help="With --sql and a `mysql://` URL: the database is MySQL 8.0.17 or newer, whose "
+            "collation utf8mb4_0900_bin MariaDB refuses (for MariaDB give `mariadb://`).",
         ),
     ] = False,
 ) -> None:
@@ -141,9 +150,15 @@ def upgrade(
     `alembic_version` is left alone. Run it before starting the application after installing or
     upgrading waltz-py: an application refuses to start when the tables are not at head.
     """
+    if mysql_8 and not sql:
+        raise fail(
+            "--mysql-8 goes with --sql: without it the upgrade connects and asks the server which "
+            "it is; leave --mysql-8 out",
+            2,
+        )
     with _database_errors(url):
         if sql:
-            typer.echo(api.upgrade_sql(url, revision), nl=False)
+            typer.echo(api.upgrade_sql(url, revision, mysql_8=mysql_8), nl=False)
             return
         api.upgrade(url, revision)
         reached = api.current(url)

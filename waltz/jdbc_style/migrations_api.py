@@ -70,6 +70,7 @@ from waltz.jdbc_style.engine import (
     SQLITE_BEGIN,
     create_framework_engine,
     emits_sqlite_begin,
+    parse_database_url,
     refuse_async_bind,
 )
 from waltz.jdbc_style.schema import metadata
@@ -81,6 +82,7 @@ __all__ = [
     "FrameworkRevisionNewerError",
     "FrameworkTablesMissingError",
     "MigrationLockTimeoutError",
+    "OfflineDialectError",
     "alembic_config",
     "check_current",
     "current",
@@ -183,6 +185,21 @@ class FrameworkRevisionNewerError(FrameworkTablesMissingError):
         self.revision = revision
         self.head = head
         self.missing = ()
+
+
+class OfflineDialectError(SqlFrameworkError):
+    """:func:`upgrade_sql` cannot tell which server's DDL to print (docs/design/sql.md
+    "Migrations"): a ``mysql://`` URL names MariaDB and MySQL alike, whose byte-for-byte
+    collations differ, and offline no server says which it is; or ``mysql_8`` was given with a
+    URL that is not ``mysql://``.
+
+    Attributes:
+        dialect: the URL's dialect (``mysql``, ``mariadb``, ``postgresql``...).
+    """
+
+    def __init__(self, message: str, dialect: str) -> None:
+        super().__init__(message)
+        self.dialect = dialect
 
 
 # ---- alembic configuration -----------------------------------------------------------------------
@@ -473,22 +490,50 @@ def downgrade_environment(location: Path, bind: Engine | Connection, revision: s
     logger.info("alembic environment %s downgraded to %s on %s", location, revision, describe(bind))
 
 
-def upgrade_sql(url: str | URL, revision: str = "heads", from_revision: str | None = None) -> str:
+def upgrade_sql(
+    url: str | URL, revision: str = "heads", from_revision: str | None = None, *, mysql_8: bool = False
+) -> str:
     """The DDL that :func:`upgrade` would run, without touching a database (alembic offline mode).
+
+    Offline the dialect alone chooses the DDL. MariaDB and MySQL take different byte-for-byte
+    collations (``utf8mb4_nopad_bin``, ``utf8mb4_0900_bin``), and each refuses the other's, part
+    way through a script their non-transactional DDL does not undo: give MariaDB as
+    ``mariadb://``, and MySQL 8 as ``mysql://`` with ``mysql_8=True``; ``mysql://`` alone is
+    refused. Source: docs/design/sql.md "Migrations".
 
     Args:
         url: a URL naming the dialect; nothing connects to it (``postgresql://`` is enough).
         revision: the target revision.
         from_revision: the revision the database is at (None: an empty database).
+        mysql_8: a ``mysql://`` URL is MySQL 8.0.17 or newer (not MariaDB).
 
     Returns:
         The SQL script, statements separated by ``;``, including the version table's updates.
 
     Raises:
+        OfflineDialectError: a ``mysql://`` URL without ``mysql_8``, or ``mysql_8`` with
+            another dialect.
+        AsyncEngineError: an asyncio driver's URL.
         sqlalchemy.exc.ArgumentError: the URL cannot be parsed or names an unknown dialect.
     """
+    config = alembic_config(url)  # refuses an asyncio URL first
+    dialect = parse_database_url(url).get_backend_name()
+    if dialect == "mysql" and not mysql_8:
+        raise OfflineDialectError(
+            f"the DDL for {url_text(url, hide_password=True)} would be MySQL 8's: its byte-for-byte "
+            "columns take the collation utf8mb4_0900_bin (MySQL 8.0.17 or newer), which MariaDB "
+            "refuses part way through, leaving the tables half migrated; offline nothing tells "
+            "MariaDB from MySQL. For MariaDB give a mariadb:// URL (mariadb+pymysql://...); for "
+            "MySQL 8 say so (mysql_8=True, `waltz db upgrade --sql --mysql-8`)",
+            dialect,
+        )
+    if mysql_8 and dialect != "mysql":
+        raise OfflineDialectError(
+            f"mysql_8 (`waltz db upgrade --sql --mysql-8`) says a mysql:// URL is MySQL 8, but "
+            f"{url_text(url, hide_password=True)} names the dialect {dialect}: leave it out",
+            dialect,
+        )
     buffer = io.StringIO()
-    config = alembic_config(url)
     config.output_buffer = buffer
     target = revision if from_revision is None else f"{from_revision}:{revision}"
     with _preserving_alembic_context():
