@@ -208,6 +208,11 @@ class WaltzSettings(BaseSettings):
         return next((key for key, name in cls.KEYS.items() if name == field), None)
 
     @classmethod
+    def env_variable(cls, field: str) -> str:
+        """The environment variable of ``field`` (``WALTZ_CLIENT_AUTO_MOUNT``)."""
+        return (str(cls.model_config.get("env_prefix") or "") + field).upper()
+
+    @classmethod
     def _hint(cls, name: str) -> str:
         field = cls.KEYS.get(name)
         if field is None:
@@ -349,7 +354,7 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
 
 def _variable_of(cls: type[WaltzSettings], field: str) -> str:
     """The environment variable of a setting (``WALTZ_CLIENT_AUTO_MOUNT``)."""
-    return (str(cls.model_config.get("env_prefix") or "") + field).upper()
+    return cls.env_variable(field)
 
 
 def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, str]) -> str:

@@ -87,14 +87,30 @@ def test_a_client_whose_tls_files_cannot_be_used_is_refused_before_it_connects(t
     certificates = make_cluster_certificates(tmp_path / "certificates")
     missing = tmp_path / "nope.pem"
     for fields, said in (
-        ({"client_tls_cert_file": missing}, f"client.ssl.certFile {missing} cannot be read (No such file"),
+        (
+            {"client_tls_cert_file": missing},
+            f"client.ssl.certFile (WALTZ_CLIENT_TLS_CERT_FILE) {missing} cannot be read (No such file",
+        ),
         ({"client_tls_ca_file": certificates.key_file("client")}, "client.ssl.caFile"),
-        ({"zookeeper_ssl_key_file": missing}, f"zookeeper.ssl.keyFile {missing} cannot be read"),
+        (
+            {"zookeeper_ssl_key_file": missing},
+            f"zookeeper.ssl.keyFile (WALTZ_ZOOKEEPER_SSL_KEY_FILE) {missing} cannot be read",
+        ),
     ):
         with pytest.raises(ConfigurationError) as refused:
             WaltzClient(MemoryStore({0: -1}), _unreachable_client_config(certificates, fields))
         assert type(refused.value) is ConfigurationError
         assert said in str(refused.value) and "fix the client's TLS settings" in str(refused.value)
+    # The ZooKeeper credential file too, named by its setting and variable.
+    with pytest.raises(ConfigurationError) as refused:
+        WaltzClient(
+            MemoryStore({0: -1}),
+            _unreachable_client_config(certificates, {"zookeeper_auth_digest_file": missing}),
+        )
+    assert (
+        f"zookeeper.auth.digestFile (WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE) {missing} cannot be read (No such file"
+        in (str(refused.value))
+    )
     # What a deployment gives is accepted: a CA bundle of several certificates, a path as text.
     bundle = tmp_path / "bundle.pem"
     bundle.write_bytes(certificates.cert_file("client").read_bytes() + certificates.ca_file.read_bytes())

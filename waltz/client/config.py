@@ -19,15 +19,20 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from waltz.config import WaltzSettings
-from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
+from waltz.errors import ConfigurationError
+from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSecurity, ZooKeeperSettings
+from waltz.protocol.certificates import refuse_expired_certificates, refuse_unreadable_tls_files
 from waltz.protocol.channels import CLIENT_TLS_SETTINGS, DEFAULT_MAX_MESSAGE_BYTES, TlsConfig
 
-__all__ = ["MAX_TIMEOUT_SECONDS", "WaltzClientConfig"]
+__all__ = ["CERTIFICATE_PEERS", "MAX_TIMEOUT_SECONDS", "WaltzClientConfig"]
 
 #: The longest timeout of the client's settings, in seconds: a day. Larger values overflow the
 #: waits they bound (a thread's wait takes at most ``threading.TIMEOUT_MAX``); no wait of the
 #: client is meant to last that long.
 MAX_TIMEOUT_SECONDS = 86_400.0
+
+#: Who refuses a client's expired certificate, for the message that says so.
+CERTIFICATE_PEERS = "the servers and ZooKeeper"
 
 
 class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
@@ -272,3 +277,42 @@ class WaltzClientConfig(WaltzSettings, ZooKeeperSettings):
         tls = TlsConfig(self.client_tls_ca_file, self.client_tls_cert_file, self.client_tls_key_file)
         tls.check_files(CLIENT_TLS_SETTINGS)
         return tls
+
+    def check_files(self) -> None:
+        """Check every file the client reads, as :class:`~waltz.client.client.WaltzClient` does
+        when it is made, before anything is contacted (docs/operations.md, "Certificates"): the
+        TLS files (``client.ssl.*``, ``zookeeper.ssl.*``) readable, each certificate and CA file
+        PEM, the certificates the client presents not expired, the ``client.ssl.*`` files loadable
+        together, and the ZooKeeper credential file (``zookeeper.auth.digestFile``) readable. An
+        application that reads its configuration before its server starts calls it there, to
+        refuse in one line what would otherwise fail the client's start.
+
+        Raises:
+            ConfigurationError: a file cannot be read, or a certificate or CA file holds no PEM
+                certificate; the message names each setting, its environment variable and file.
+            ExpiredCertificateError: a certificate the client presents has expired.
+            TlsFilesError: the ``client.ssl.*`` files cannot be loaded together (a key that is not
+                the certificate's, a CA file that is not a PEM bundle).
+        """
+        files = self.tls_files()
+        refuse_unreadable_tls_files(
+            files,
+            holder="the client",
+            variables={setting: self.env_variable(self.KEYS[setting]) for setting in files},
+        )
+        refuse_expired_certificates(
+            self.presented_certificates(), peers=CERTIFICATE_PEERS, holder="the client"
+        )
+        self.tls()
+        if self.zookeeper_auth_digest_file is not None:
+            try:
+                ZooKeeperSecurity.read_digest_file(self.zookeeper_auth_digest_file)
+            except ConfigurationError as exc:
+                cause = exc.__cause__
+                reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else cause or exc
+                variable = self.env_variable("zookeeper_auth_digest_file")
+                raise ConfigurationError(
+                    f"zookeeper.auth.digestFile ({variable}) {self.zookeeper_auth_digest_file} cannot be "
+                    f"read ({reason}): give the file that holds the cluster's ZooKeeper credential "
+                    "(user:password), or leave it unset for a cluster without one"
+                ) from exc

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from waltz.client.config import CERTIFICATE_PEERS
 from waltz.client.context import AppendPayload
 from waltz.protocol import client_pb2, client_pb2_grpc
 from waltz.protocol.certificates import expired_certificates
@@ -45,10 +46,6 @@ NO_CERTIFICATE_HINT = (
     "set client.ssl.certFile and keyFile (WALTZ_CLIENT_TLS_CERT_FILE, WALTZ_CLIENT_TLS_KEY_FILE) "
     "to a certificate of the client role"
 )
-
-
-#: Who refuses a client's expired certificate, for the message that says so.
-CERTIFICATE_PEERS = "the servers and ZooKeeper"
 
 
 def tls_hint(tls: TlsConfig | None) -> str:

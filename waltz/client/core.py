@@ -26,7 +26,7 @@ from waltz.client.attempt_runner import AttemptRunner
 from waltz.client.callbacks import WaltzClientCallbacks
 from waltz.client.client_partition import ClientPartition
 from waltz.client.config import WaltzClientConfig
-from waltz.client.connection import CERTIFICATE_PEERS, ServerConnection, tls_hint
+from waltz.client.connection import ServerConnection, tls_hint
 from waltz.client.connection_pool import ConnectionPool
 from waltz.client.discovery import ServerDiscovery
 from waltz.client.exit_hook import close_at_exit
@@ -45,7 +45,6 @@ from waltz.errors import (
 from waltz.metadata.assignment import PartitionAssignment
 from waltz.metadata.epochs import PartitionEpochs
 from waltz.protocol import client_pb2
-from waltz.protocol.certificates import refuse_expired_certificates, refuse_unreadable_tls_files
 from waltz.protocol.event_loop import shared_event_loop
 from waltz.protocol.records import ReqId
 from waltz.tracing import client_tracing
@@ -99,11 +98,8 @@ class ClientCore:
         self.callbacks = callbacks
         self.config = config
         self.metrics = metrics if metrics is not None else ClientMetrics()
-        refuse_unreadable_tls_files(config.tls_files(), holder="the client")
-        refuse_expired_certificates(
-            config.presented_certificates(), peers=CERTIFICATE_PEERS, holder="the client"
-        )
-        tls = config.tls()  # checks the files: a key not the certificate's fails here, not in a handshake
+        config.check_files()  # a key not the certificate's fails here, not in a handshake
+        tls = config.tls()
         self._discovery = ServerDiscovery(
             config.zookeeper_connect_string,
             config.cluster_root,

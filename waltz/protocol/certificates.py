@@ -83,7 +83,9 @@ def refuse_expired_certificates(
         )
 
 
-def refuse_unreadable_tls_files(files: Mapping[str, Path | None], *, holder: str) -> None:
+def refuse_unreadable_tls_files(
+    files: Mapping[str, Path | None], *, holder: str, variables: Mapping[str, str] | None = None
+) -> None:
     """Refuse TLS files that cannot be used, before any peer is tried: each must be a readable
     file, and a certificate or CA file (a setting ending in ``certFile`` or ``caFile``) must hold
     a PEM certificate.
@@ -91,6 +93,9 @@ def refuse_unreadable_tls_files(files: Mapping[str, Path | None], *, holder: str
     Args:
         files: the setting (``client.ssl.certFile``) -> its file, or None where unset.
         holder: whose settings they are, for the message (``the client``).
+        variables: the setting -> its environment variable, named in the message after the
+            setting (``client.ssl.certFile (WALTZ_CLIENT_TLS_CERT_FILE)``); None: the settings
+            alone.
 
     Raises:
         ConfigurationError: one of them cannot be used; the message names each setting, file and
@@ -102,15 +107,17 @@ def refuse_unreadable_tls_files(files: Mapping[str, Path | None], *, holder: str
     for setting, path in files.items():
         if path is None:
             continue
+        variable = None if variables is None else variables.get(setting)
+        named = setting if variable is None else f"{setting} ({variable})"
         try:
             content = Path(path).read_bytes()
         except OSError as exc:
-            wrong.append(f"{setting} {path} cannot be read ({exc.strerror or exc})")
+            wrong.append(f"{named} {path} cannot be read ({exc.strerror or exc})")
             continue
         if setting.endswith(("certFile", "caFile")):
             try:
                 x509.load_pem_x509_certificate(content)
             except ValueError:
-                wrong.append(f"{setting} {path} holds no PEM certificate")
+                wrong.append(f"{named} {path} holds no PEM certificate")
     if wrong:
         raise ConfigurationError(f"{'; '.join(wrong)}: fix {holder}'s TLS settings")

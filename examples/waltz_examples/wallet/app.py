@@ -248,12 +248,14 @@ def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig
 
     Raises:
         SystemExit: exit status 1, before uvicorn starts the app: a ``WALLET_*`` or ``WALTZ_*``
-            setting is missing or invalid (one ``error:`` line each, naming its variable), or the
-            database of ``settings.database_url`` cannot be used (a URL that does not parse, a
-            driver that is not installed or is an asyncio one, a server that does not answer, a
-            database that does not exist: one ``error:`` line naming ``WALLET_DATABASE_URL``, the
-            URL without its password and what is wrong). uvicorn prints any other exception, here
-            or in the lifespan, with its traceback.
+            setting is missing or invalid (one ``error:`` line each, naming its variable), a file
+            the client reads cannot be used (its TLS files, its ZooKeeper credential file:
+            ``WaltzClientConfig.check_files``, one ``error:`` line naming the variable and the
+            file), or the database of ``settings.database_url`` cannot be used (a URL that does
+            not parse, a driver that is not installed or is an asyncio one, a server that does not
+            answer, a database that does not exist: one ``error:`` line naming
+            ``WALLET_DATABASE_URL``, the URL without its password and what is wrong). uvicorn
+            prints any other exception, here or in the lifespan, with its traceback.
     """
     wallet_settings = settings or _settings(WalletSettings)
     try:
@@ -263,6 +265,10 @@ def create_app(settings: WalletSettings | None = None, config: WaltzClientConfig
     # WaltzClientConfig() reads its required fields from the WALTZ_* variables: read here, before
     # uvicorn starts the app, so that a variable not set is one line, not the lifespan's traceback.
     client_config = config or _settings(WaltzClientConfig)
+    try:  # the files the client reads (a stopped `waltz up`'s exports name files gone with it)
+        client_config.check_files()
+    except ConfigurationError as exc:
+        raise SystemExit(f"error: {exc}") from exc
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

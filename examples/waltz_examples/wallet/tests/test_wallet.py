@@ -316,6 +316,43 @@ def test_uvicorn_refuses_a_timeout_that_is_not_finite_seconds_in_one_line(
     assert lines == [lines[0]] and lines[0].startswith(f"error: {variable}: "), done.stderr
 
 
+#: The files of a stopped ``waltz up`` whose exports a shell still holds, by variable.
+_GONE_FILES = {
+    "WALTZ_CLIENT_TLS_CA_FILE": "/nonexistent/tls/ca.pem",
+    "WALTZ_CLIENT_TLS_CERT_FILE": "/nonexistent/tls/client.pem",
+    "WALTZ_CLIENT_TLS_KEY_FILE": "/nonexistent/tls/client-key.pem",
+    "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE": "/nonexistent/zookeeper-credentials/operator.digest",
+}
+
+
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        (list(_GONE_FILES), "WALTZ_CLIENT_TLS_CA_FILE"),
+        (["WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"], "WALTZ_ZOOKEEPER_AUTH_DIGEST_FILE"),
+    ],
+    ids=["tls-and-digest", "digest"],
+)
+def test_uvicorn_refuses_client_files_it_cannot_read_in_one_line(
+    given: list[str], named: str, tmp_path: Path
+) -> None:
+    """The client's TLS and ZooKeeper credential files that are not there (a stopped ``waltz
+    up``'s exports) are one ``error:`` line naming the variable and the file, exit 1, before the
+    app starts, where the lifespan's client failed with a traceback and exit 3."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WALLET_", "WALTZ_"))}
+    env |= {
+        "WALLET_DATABASE_URL": f"sqlite:///{tmp_path / 'wallet.db'}",
+        "WALTZ_ZOOKEEPER_CONNECT_STRING": f"127.0.0.1:{free_port()}",
+        "WALTZ_CLUSTER_ROOT": "/waltz/wallet",
+    }
+    env |= {variable: _GONE_FILES[variable] for variable in given}
+    done = _serve(env, tmp_path)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith("error: "), done.stderr
+    assert named in lines[0] and _GONE_FILES[named] in lines[0], done.stderr
+
+
 def test_uvicorn_names_each_setting_missing_or_invalid_in_one_line(tmp_path: Path) -> None:
     """Started without the ``export`` lines of ``waltz up`` (and with a setting of the wallet's
     that does not parse), ``uvicorn --factory ...:create_app`` prints one ``error:`` line per
