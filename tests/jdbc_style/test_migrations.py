@@ -626,6 +626,18 @@ def test_cli_upgrade_current_marks_and_skip(db_url: str, engine: sa.Engine) -> N
     )
 
 
+def test_cli_marks_of_an_empty_database_say_which_clusters_were_asked_for(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    waltz_db("upgrade", "--url", url, expect=0)
+    assert waltz_db("marks", "--url", url, expect=0).output.strip() == (
+        "(no high-water marks: no application has used this database yet)"
+    )
+    assert waltz_db("marks", "--url", url, "--cluster", CLUSTER, expect=0).output.strip() == (
+        f"(no high-water marks of cluster {CLUSTER!r}: no application has used this database for "
+        "that cluster yet)"
+    )
+
+
 def test_cli_upgrade_sql_prints_the_ddl_offline() -> None:
     url = "mariadb+pymysql://nobody@127.0.0.1:1/app"
     output = waltz_db("upgrade", "--sql", "--url", url, expect=0).output

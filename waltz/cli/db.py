@@ -245,7 +245,13 @@ def marks(
         )
         return
     if not rows:
-        typer.echo("(no high-water marks: no application has used this database for that cluster yet)")
+        if cluster is None:
+            typer.echo("(no high-water marks: no application has used this database yet)")
+        else:
+            typer.echo(
+                f"(no high-water marks of cluster {cluster!r}: no application has used this database "
+                "for that cluster yet)"
+            )
         return
     width = max(len("CLUSTER"), *(len(row.cluster_name) for row in rows))
     typer.echo(f"{'CLUSTER':<{width}}  {'PARTITION':>9}  {'HIGH-WATER MARK':>15}  UPDATED AT (UTC)")
