@@ -16,6 +16,7 @@ import pytest
 from tests.cli.waltz_up import exported, waltz_up
 from waltz.local.processes import wait_until
 from waltz.local.zookeeper import LocalZooKeeper
+from waltz.private_files import hold_directory
 
 pytestmark = pytest.mark.security
 
@@ -121,3 +122,27 @@ def test_client_hosts_on_loopback_is_refused_naming_the_flag_to_add() -> None:
     assert result.exit_code == 2, result.output
     assert "--client-hosts 2 makes hosts of namespace mode: add --network namespaces" in result.stderr
     assert "NetworkOptions" not in result.stderr and "starting" not in result.output
+
+
+def test_a_work_dir_in_use_is_refused_before_the_start_line(tmp_path: Path) -> None:
+    """A second ``waltz up --work-dir DIR`` on a directory a running cluster holds (its lock held
+    here, as that ``waltz up`` holds it) refuses before it says it starts anything, where it first
+    printed ``starting ZooKeeper, 3 storage node(s) and 2 server(s)...``, its defaults, not the
+    running cluster's."""
+    work = tmp_path / "work"
+    work.mkdir(mode=0o700)
+    held = hold_directory(work)
+    assert held is not None
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "waltz", "up", "--work-dir", str(work)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(held)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"work directory {work} is in use by a local cluster that runs now" in done.stderr, done.stderr
+    assert "starting" not in done.stdout, done.stdout

@@ -189,12 +189,15 @@ def up(
     code = 0
     try:
         nodes = f"{storages} storage node(s) and {servers} server(s)"
-        typer.echo(
-            f"starting {nodes} on ZooKeeper {zookeeper}..."
-            if zookeeper
-            else f"starting ZooKeeper, {nodes}..."
-        )
         try:
+            # A work directory another cluster runs on, or that holds another one, is refused
+            # before the start line, which would name this run's counts, not that cluster's.
+            cluster.prepare()
+            typer.echo(
+                f"starting {nodes} on ZooKeeper {zookeeper}..."
+                if zookeeper
+                else f"starting ZooKeeper, {nodes}..."
+            )
             cluster.start()
         except KeyboardInterrupt:
             # start() has stopped whatever it had started before re-raising.

@@ -221,6 +221,7 @@ class LocalCluster:
         )
         self._work_dir = Path(work_dir).resolve() if work_dir is not None else None
         self._work_dir_fd: int | None = None  # holds the work directory's flock while started
+        self._kept_layout: ClusterLayout | None = None  # the kept cluster's, once prepared
         self._cluster_key: str | None = None
         self._state = "new"
         self.startup_seconds: float | None = None
@@ -475,6 +476,41 @@ class LocalCluster:
             security=self._security.zookeeper_security,
         )
 
+    def prepare(self) -> None:
+        """Take the work directory and check what it holds, before anything starts: what
+        :meth:`start` does first, and does itself when this was not called. A caller that says
+        what it starts (``waltz up``) calls it before saying so, so that a directory another
+        cluster runs on, or one that holds a different cluster, is refused first
+        (docs/local-cluster.md, "`waltz up`").
+
+        Makes the temporary work directory (``work_dir`` None), takes the directory's lock, stops
+        the processes a crashed run on it left running, and checks a kept cluster's layout and
+        credentials against the arguments. On failure the cluster is closed: the lock is released
+        and a temporary directory removed.
+
+        Raises:
+            RuntimeError: the cluster was prepared or started before.
+            ConfigurationError: another local cluster runs on the work directory, or it holds a
+                different cluster (or one made without the credentials asked for).
+        """
+        if self._state != "new":
+            raise RuntimeError(f"a LocalCluster starts once (this one is {self._state}); create a new one")
+        self._state = "preparing"
+        try:
+            if self._work_dir is None:
+                self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
+            private_directory(self._work_dir)
+            self._security.check_own(self._work_dir)
+            self._hold_work_dir()
+            stop_leftovers(self._work_dir)
+            self._kept_layout = self._load_layout()
+            if self._kept_layout is not None:
+                self._security.check_resumable(self._work_dir)
+        except BaseException:
+            self.close()
+            raise
+        self._state = "prepared"
+
     def start(self) -> None:
         """Start ZooKeeper, the storage nodes and the servers, create the cluster, wait until ready.
 
@@ -486,8 +522,8 @@ class LocalCluster:
 
         Raises:
             RuntimeError: the cluster was started before (a LocalCluster starts once).
-            ConfigurationError: the work directory holds a different cluster, or a cluster exists
-                under the root already.
+            ConfigurationError: another local cluster runs on the work directory, it holds a
+                different cluster (:meth:`prepare`), or a cluster exists under the root already.
             ServiceStartError: another process listens on a port of the kept cluster's nodes; a
                 process exited or did not open its ports, or a storage node refused the cluster;
                 or a process it started had exited by the time the cluster was ready (other
@@ -495,7 +531,9 @@ class LocalCluster:
             ClusterNotReadyError: not every partition had a writable owner within
                 ``start_timeout`` seconds.
         """
-        if self._state != "new":
+        if self._state == "new":
+            self.prepare()
+        if self._state != "prepared":
             raise RuntimeError(f"a LocalCluster starts once (this one is {self._state}); create a new one")
         self._state = "starting"
         started = time.monotonic()
@@ -504,32 +542,25 @@ class LocalCluster:
         def remaining() -> float:
             return max(0.5, deadline - time.monotonic())
 
+        layout = self._kept_layout
+        work_dir = self.work_dir  # made by prepare()
         try:
-            if self._work_dir is None:
-                self._work_dir = Path(tempfile.mkdtemp(prefix="waltz-local-")).resolve()
-            private_directory(self._work_dir)
-            self._security.check_own(self._work_dir)
-            self._hold_work_dir()
-            stop_leftovers(self._work_dir)
-            layout = self._load_layout()
-            if layout is not None:
-                self._security.check_resumable(self._work_dir)
             if self._hosts is not None:
                 self._hosts.start(layout.subnet if layout is not None else None)
-            self._security.start(self._work_dir, self._hosts.addresses() if self._hosts is not None else [])
+            self._security.start(work_dir, self._hosts.addresses() if self._hosts is not None else [])
             external = self._nodes.zookeeper_is_external
             if external:
                 # A ZooKeeper of the caller's is asked first, and briefly: a wrong address fails
                 # at once, not after every node started and the whole start timeout ran out.
                 self._connect_metadata(min(remaining(), EXTERNAL_ZOOKEEPER_WAIT))
             self._nodes.build(
-                self._work_dir,
+                work_dir,
                 self.root,
                 layout,
                 self._hosts,
                 storage_env=self._security.storage_env(self._processes.storage_env),
                 server_env=self._security.server_env(
-                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, self._work_dir
+                    {**DEFAULT_SERVER_ENV, **self._processes.server_env}, work_dir
                 ),
             )
             if layout is not None:
@@ -672,7 +703,7 @@ class LocalCluster:
         self._work_dir_fd = fd
 
     def __enter__(self) -> Self:
-        if self._state == "new":
+        if self._state in ("new", "prepared"):
             self.start()
         return self
 
