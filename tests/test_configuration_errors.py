@@ -187,3 +187,28 @@ def test_a_port_variable_is_a_whole_number(monkeypatch: pytest.MonkeyPatch, valu
             load_settings(settings_class, **needed)
         monkeypatch.delenv(variable)
     assert load_settings(StorageConfig, directory="/d", insecure=True, port="55290").port == 55290
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "said"),
+    [
+        ("WALTZ_SERVER_LOCK_TABLE_SIZE", str(1 << 32), "less than or equal to 16777216"),
+        ("WALTZ_SERVER_LOCK_TABLE_HASH_COUNT", "200000", "less than or equal to 16"),
+    ],
+)
+def test_a_lock_table_too_large_to_allocate_or_to_check_is_refused_naming_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, said: str
+) -> None:
+    """A table of 2**32 slots was taken and allocated (32 GiB) when a partition opened; 200,000 slots
+    per lock made each append's check read that many slots on the event loop."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as raised:
+        load_settings(
+            ServerConfig, zookeeper_connect_string="127.0.0.1:2181", cluster_root="/w", server_insecure=True
+        )
+    message = str(raised.value)
+    assert said in message and f"(set by the environment variable {variable})" in message, message
+    monkeypatch.setenv(variable, "16" if "HASH" in variable else str(1 << 24))
+    load_settings(
+        ServerConfig, zookeeper_connect_string="127.0.0.1:2181", cluster_root="/w", server_insecure=True
+    )

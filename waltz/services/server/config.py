@@ -27,6 +27,13 @@ __all__ = ["ServerConfig"]
 #: Hosts that bind every address of the machine: no client can connect to them.
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 
+#: The most slots a partition's lock table may have (128 MiB per partition): a larger setting was
+#: allocated whole when a partition opened, and failed there with MemoryError.
+MAX_LOCK_TABLE_SIZE = 1 << 24
+
+#: The most slots per lock: every slot is read for each lock of each append, on the event loop.
+MAX_LOCK_TABLE_HASH_COUNT = 16
+
 
 class ServerConfig(WaltzSettings, ZooKeeperSettings):
     """Settings of a server; ``docs/configuration.md`` lists keys and variables."""
@@ -120,8 +127,20 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         description="Serve without mutual TLS, on purpose (refused otherwise, on loopback too: every local "
         "user could delete partitions); logged at every start.",
     )
-    server_lock_table_size: int = Field(1 << 16, gt=0, description="Slots of each partition's lock table.")
-    server_lock_table_hash_count: int = Field(3, gt=0, description="Lock table slots per lock.")
+    server_lock_table_size: int = Field(
+        1 << 16,
+        gt=0,
+        le=MAX_LOCK_TABLE_SIZE,
+        description="Slots of each partition's lock table (8 bytes each, allocated when the partition "
+        f"opens; at most {MAX_LOCK_TABLE_SIZE:,}).",
+    )
+    server_lock_table_hash_count: int = Field(
+        3,
+        gt=0,
+        le=MAX_LOCK_TABLE_HASH_COUNT,
+        description=f"Lock table slots per lock (at most {MAX_LOCK_TABLE_HASH_COUNT}: each is read for "
+        "every lock of every append).",
+    )
     server_max_lock_hashes_per_append: int = Field(
         DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
         gt=0,
