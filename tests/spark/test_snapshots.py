@@ -878,3 +878,95 @@ def test_a_uuid_column_of_text_attributes_stays_text() -> None:
     assert snapshot_module._python_value(Uuid(as_uuid=False), value) == str(value)
     assert snapshot_module._python_value(Uuid(as_uuid=False), str(value)) == str(value)
     assert snapshot_module._python_value(Uuid(), str(value)) == value
+
+
+def _counter_database(path: Path, cluster_name: str) -> str:
+    """A counter database (SQLite) that follows the log ``cluster_name``: counter 7 inserted by
+    transaction 0 and set to 9 by transaction 1 of partition 0, with their idempotency keys; its URL."""
+    from waltz.client.transaction import Transaction
+    from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+    from waltz.protocol.records import ReqId
+    from waltz_examples.counter.transactions import CounterCallbacks
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    url = f"sqlite:///{path}"
+    engine = create_framework_engine(url)
+    try:
+        COUNTER_VIEWS.prepare(engine)
+        callbacks = CounterCallbacks(engine, cluster_name=cluster_name)
+        callbacks.get_client_high_water_mark(0)
+        for tid, (operation, value) in enumerate([(Operation.INSERT, 5), (Operation.UPDATE, 9)]):
+            change = RowChange(operation, "counter", {"counter_id": 7}, {"counter_id": 7, "value": value})
+            data = ChangeSet((change,), f"req-{tid}").encode()
+            committed = Transaction(0, tid, ReqId(1, 1, 0, tid), CHANGE_SET_HEADER, None, data)
+            callbacks.apply_transaction(committed)
+        callbacks.release_connections()
+    finally:
+        engine.dispose()
+    return url
+
+
+def test_a_snapshot_under_a_log_name_without_marks_is_refused_naming_the_logs_the_database_follows(
+    tmp_path: Path,
+) -> None:
+    """``waltz snapshot create`` without --cluster-name on a database that follows the log under
+    another name: the application's default name has no marks there, yet the table has rows. The
+    snapshot would hold them with no marks, and an instance on a database it is loaded into would
+    apply the whole log on top of them: refused, naming the logs the database does follow, with
+    nothing left at the location. Under the right name it is written with the marks."""
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    url = _counter_database(tmp_path / "live.db", "prod-counter")
+    location = tmp_path / "snapshot"
+    refusal = r"no marks of the log 'counter', yet rows in counters.*the logs \['prod-counter'\]"
+    with pytest.raises(SnapshotError, match=refusal):
+        write_snapshot(COUNTER_VIEWS, url, str(location))
+    assert not location.exists()
+    refused = CliRunner().invoke(
+        waltz_app, ["snapshot", "create", str(location), "--app", "waltz_examples.counter", "--url", url]
+    )
+    assert refused.exit_code == 2, refused.output
+    assert "--cluster-name prod-counter" in refused.output and "Traceback" not in refused.output
+    assert not location.exists()
+    manifest = write_snapshot(COUNTER_VIEWS, url, str(location), cluster_name="prod-counter")
+    assert dict(manifest.marks) == {0: 1} and manifest.idempotency_keys.rows == 2
+
+
+def test_an_empty_database_without_marks_is_a_snapshot_of_nothing(tmp_path: Path) -> None:
+    """No marks and no rows is consistent: the snapshot is the log's start."""
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    engine = create_framework_engine(url)
+    try:
+        COUNTER_VIEWS.prepare(engine)
+    finally:
+        engine.dispose()
+    manifest = write_snapshot(COUNTER_VIEWS, url, str(tmp_path / "snapshot"))
+    assert dict(manifest.marks) == {} and [t.rows for t in manifest.tables] == [0]
+    load_snapshot(str(tmp_path / "snapshot"), COUNTER_VIEWS, f"sqlite:///{tmp_path / 'loaded.db'}")
+
+
+def test_a_manifest_of_rows_without_marks_is_refused_by_verify_load_and_the_rebuild(tmp_path: Path) -> None:
+    """A snapshot whose manifest gives rows but no marks (written under a log name without marks
+    by a release that did not refuse it): every use refuses it before anything is written."""
+    from waltz.spark.rebuild import _snapshot_base
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    url = _counter_database(tmp_path / "live.db", "prod-counter")
+    location = tmp_path / "snapshot"
+    write_snapshot(COUNTER_VIEWS, url, str(location), cluster_name="prod-counter")
+    manifest_path = location / MANIFEST_NAME
+    raw = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({**raw, "cluster_name": "counter", "marks": {}}))
+    message = r"holds 1 rows of counters and 2 idempotency keys but no marks of the log 'counter'"
+    with pytest.raises(SnapshotError, match=message):
+        verify_snapshot(str(location))
+    verified = CliRunner().invoke(waltz_app, ["snapshot", "verify", str(location)])
+    assert verified.exit_code == 1 and "no marks of the log 'counter'" in verified.output, verified.output
+    target = tmp_path / "loaded.db"
+    with pytest.raises(SnapshotError, match=message):
+        load_snapshot(str(location), COUNTER_VIEWS, f"sqlite:///{target}")
+    assert _tables(target) == []
+    with pytest.raises(SnapshotError, match=message):
+        _snapshot_base(str(location), {0: 1}, None, COUNTER_VIEWS, lambda _: None)

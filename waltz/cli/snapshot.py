@@ -78,6 +78,10 @@ def create(
     marks written beside it. The location must not hold a snapshot yet. `waltz rebuild
     --from-snapshot` replays only the log after the marks on top of it; `waltz snapshot load`
     writes it into a new database that an instance resumes from.
+
+    Refused when the database holds no marks of the log's name while the application's tables
+    hold rows (the error names the logs whose marks it holds: give one with --cluster-name). A
+    create that fails leaves nothing at the location.
     """
     from sqlalchemy.exc import SQLAlchemyError
 

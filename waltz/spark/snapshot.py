@@ -47,7 +47,7 @@ from waltz.archive.location import (
 from waltz.archive.location import open_location as open_any_location
 from waltz.errors import WaltzError
 from waltz.jdbc_style import create_framework_engine
-from waltz.jdbc_style.marks import HighWaterMarks
+from waltz.jdbc_style.marks import HighWaterMarks, logs_followed
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.jdbc_style.upcasting import StoredRows, UpcastError
 
@@ -406,8 +406,11 @@ def write_snapshot(
         The manifest written.
 
     Raises:
-        SnapshotError: the location holds a snapshot already, or a table has a column type
-            without a Parquet form.
+        SnapshotError: the location holds a snapshot already, a table has a column type
+            without a Parquet form, or the database holds no marks of the log ``cluster_name``
+            while an application table holds rows (naming the logs whose marks it holds). Nothing
+            is left at the location: the files written before the failure are removed, and the
+            directory when this call made it.
         sqlalchemy.exc.DBAPIError: the database failed.
     """
     say = progress or (lambda _: None)
@@ -419,6 +422,8 @@ def write_snapshot(
     if filesystem.get_file_info(manifest_path).type != pafs.FileType.NotFound:
         raise SnapshotError(f"{location} holds a snapshot already ({MANIFEST_NAME}); choose a new location")
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
+    written: list[str] = []  # the files this call wrote, removed when it fails
+    made = filesystem.get_file_info(root).type == pafs.FileType.NotFound
     try:
         _require_tables(engine, app, name)
         create_private_dir(filesystem, root)
@@ -433,10 +438,13 @@ def write_snapshot(
 
                     connection.execute(text("SELECT 1"))  # the snapshot starts at the first read
                 marks = HighWaterMarks(name).read_all(connection)
+                if not marks:
+                    _refuse_rows_without_marks(connection, engine, app, name)
                 written_at = dt.datetime.now(dt.UTC).isoformat()
                 files: list[SnapshotFile] = []
                 for table in app.tables:
                     file = f"{table.name}.parquet"
+                    written.append(posixpath.join(root, file))
                     rows = connection.execution_options(yield_per=BATCH_ROWS).execute(
                         select(*table.columns).order_by(*table.primary_key.columns)
                     )
@@ -455,6 +463,7 @@ def write_snapshot(
                     )
                     say(f"{table.name}: {count} rows")
                 keys_file = "waltz_idempotency_keys.parquet"
+                written.append(posixpath.join(root, keys_file))
                 keys = connection.execution_options(yield_per=BATCH_ROWS).execute(
                     select(*idempotency_keys.columns)
                     .where(idempotency_keys.c.cluster_name == name)
@@ -466,6 +475,9 @@ def write_snapshot(
                 say(f"idempotency keys: {key_count}")
         finally:
             connection.close()
+    except BaseException:
+        _remove_partial(filesystem, root, written, made)
+        raise
     finally:
         if not isinstance(db_url, Engine):
             engine.dispose()
@@ -497,6 +509,59 @@ def write_snapshot(
     write_json_atomically(filesystem, manifest_path, manifest.to_json())
     say(f"snapshot at marks {dict(sorted(marks.items()))} written to {location}")
     return manifest
+
+
+def _refuse_rows_without_marks(connection: Connection, engine: Engine, app: AppViews, name: str) -> None:
+    """Refuse a snapshot under a log name the database holds no marks of while an application
+    table holds rows (docs/design/spark.md "Snapshots"): loaded, its rows would have no marks, and
+    an instance would apply the log from its start onto them. Read in the snapshot's transaction.
+
+    Raises:
+        SnapshotError: naming the tables with rows and the logs whose marks the database holds.
+    """
+    held = [
+        table.name
+        for table in app.tables
+        if connection.execute(select(*table.primary_key.columns).limit(1)).first() is not None
+    ]
+    if not held:
+        return  # nothing applied under any name: the snapshot of the log's start
+    others = sorted(logs_followed(connection))
+    where = engine.url.render_as_string(hide_password=True)
+    if others:
+        advice = (
+            f"it holds the marks of the logs {others}: give the name of the log it follows "
+            f"(waltz snapshot create --cluster-name {others[0]}; cluster_name={others[0]!r})"
+        )
+    else:
+        advice = "it holds no marks of any log: its rows were not applied from a log"
+    raise SnapshotError(
+        f"the database {where} has no marks of the log {name!r}, yet rows in {', '.join(held)}: a "
+        "snapshot of them without marks would have an instance on a database it is loaded into apply "
+        f"the log from its start onto them; {advice}. Nothing was written"
+    )
+
+
+def _remove_partial(filesystem: pafs.FileSystem, root: str, files: Sequence[str], made: bool) -> None:
+    """Remove what a failed ``write_snapshot`` wrote: its files, and the directory when it made
+    it and nothing else is in it. Best effort: a file that cannot be removed is logged (without
+    a manifest the location is no snapshot either way)."""
+    import pyarrow.fs as pafs
+
+    for path in files:
+        try:
+            if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+                filesystem.delete_file(path)
+        except OSError as exc:
+            log.warning("could not remove %s of a snapshot that failed: %s", path, exc)
+    if not made:
+        return
+    try:
+        info = filesystem.get_file_info(root)
+        if info.type == pafs.FileType.Directory and not filesystem.get_file_info(pafs.FileSelector(root)):
+            filesystem.delete_dir(root)
+    except OSError as exc:
+        log.warning("could not remove the directory %s of a snapshot that failed: %s", root, exc)
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -838,15 +903,18 @@ def _no_manifest(filesystem: Any, root: str, error: OSError) -> str:
 
 
 def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> SnapshotManifest:
-    """Check every file of a snapshot against its manifest: present, same SHA-256, same rows.
+    """Check every file of a snapshot against its manifest: present, same SHA-256, same rows;
+    and that a snapshot of rows has marks (docs/design/spark.md "Snapshots").
 
     Raises:
-        SnapshotError: a file missing, changed, not Parquet, or with another row count (named).
+        SnapshotError: a file missing, changed, not Parquet, or with another row count (named); or
+            a manifest that gives rows but no marks.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     manifest = manifest or read_manifest(location)
+    _check_rows_have_marks(location, manifest)
     filesystem, root = open_location(location)
     for entry in [*manifest.tables, manifest.idempotency_keys]:
         path = posixpath.join(root, entry.file)
@@ -870,6 +938,29 @@ def verify_snapshot(location: str, manifest: SnapshotManifest | None = None) -> 
                 f"{location}/{entry.file} ({entry.table}): {rows} rows, the manifest says {entry.rows}"
             )
     return manifest
+
+
+def _check_rows_have_marks(location: str, manifest: SnapshotManifest) -> None:
+    """Refuse a manifest that gives rows but no marks: a snapshot written under a log name its
+    database held no marks of (which ``write_snapshot`` now refuses). Loaded or rebuilt from, its
+    rows would be taken as the log's start, and the whole log applied onto them.
+
+    Raises:
+        SnapshotError: naming the rows and the log.
+    """
+    if manifest.marks:
+        return
+    held = [f"{entry.rows} rows of {entry.table}" for entry in manifest.tables if entry.rows]
+    if manifest.idempotency_keys.rows:
+        held.append(f"{manifest.idempotency_keys.rows} idempotency keys")
+    if not held:
+        return
+    raise SnapshotError(
+        f"{location}: the snapshot holds {' and '.join(held)} but no marks of the log "
+        f"{manifest.cluster_name!r}: it was written under a log name its database held no marks of, "
+        "and an instance would apply the log from its start onto these rows. Write a new snapshot "
+        "under the name of the log the database follows (waltz snapshot create --cluster-name)"
+    )
 
 
 def _rows(
