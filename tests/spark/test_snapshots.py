@@ -970,3 +970,66 @@ def test_a_manifest_of_rows_without_marks_is_refused_by_verify_load_and_the_rebu
     assert _tables(target) == []
     with pytest.raises(SnapshotError, match=message):
         _snapshot_base(str(location), {0: 1}, None, COUNTER_VIEWS, lambda _: None)
+
+
+def test_a_refused_load_leaves_the_database_at_its_revision(tmp_path: Path) -> None:
+    """``waltz snapshot load`` into a database that is not new (rows, or marks of the log) is
+    refused before the application's ``prepare`` migrates anything: a database of the previous
+    framework revision stays at it, and no application table is made. A new database at that
+    revision is migrated and loaded."""
+    from waltz.jdbc_style import migrations_api
+    from waltz.jdbc_style.schema import high_water_marks
+    from waltz_examples.counter.views import VIEWS as COUNTER_VIEWS
+
+    location = tmp_path / "snapshot"
+    write_snapshot(COUNTER_VIEWS, _counter_database(tmp_path / "live.db", "counter"), str(location))
+
+    def at_first_revision(url: str) -> str:
+        engine = create_framework_engine(url)
+        try:
+            migrations_api.upgrade(engine)
+            migrations_api.downgrade(engine, "waltz_0001")
+        finally:
+            engine.dispose()
+        return url
+
+    def revision(url: str) -> str | None:
+        engine = create_framework_engine(url)
+        try:
+            return migrations_api.current(engine)
+        finally:
+            engine.dispose()
+
+    used = at_first_revision(_counter_database(tmp_path / "used.db", "counter"))
+    refused = CliRunner().invoke(
+        waltz_app, ["snapshot", "load", str(location), "--app", "waltz_examples.counter", "--url", used]
+    )
+    assert refused.exit_code == 2 and "has marks of 'counter' already" in refused.output, refused.output
+    assert revision(used) == "waltz_0001"
+
+    marked = at_first_revision(f"sqlite:///{tmp_path / 'marked.db'}")
+    engine = create_framework_engine(marked)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                high_water_marks.insert().values(
+                    cluster_name="counter",
+                    partition_id=0,
+                    high_water_mark=3,
+                    updated_at=dt.datetime.now(dt.UTC),
+                )
+            )
+    finally:
+        engine.dispose()
+    with pytest.raises(SnapshotError, match="has marks of 'counter' already"):
+        load_snapshot(str(location), COUNTER_VIEWS, marked)
+    assert revision(marked) == "waltz_0001" and "counters" not in _tables(tmp_path / "marked.db")
+
+    rows = at_first_revision(_counter_database(tmp_path / "rows.db", "prod-counter"))
+    with pytest.raises(SnapshotError, match="table counters is not empty"):
+        load_snapshot(str(location), COUNTER_VIEWS, rows)
+    assert revision(rows) == "waltz_0001"
+
+    new = at_first_revision(f"sqlite:///{tmp_path / 'new.db'}")
+    load_snapshot(str(location), COUNTER_VIEWS, new)
+    assert revision(new) == migrations_api.head()

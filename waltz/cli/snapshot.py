@@ -189,7 +189,9 @@ def load(
 ) -> None:
     """Write a verified snapshot into a database, with its marks: an instance resumes after them.
 
-    The application's tables are created (its views' `prepare`) if missing. The rows of an entity
+    The application's tables are created (its views' `prepare`) if missing; without --replace a
+    database with rows in them or marks of the log is refused first, before anything is created
+    or migrated. The rows of an entity
     that the snapshot holds at an older schema version are upcast by the model's upcasters; the
     other tables must have the snapshot's columns (load such a snapshot with the application
     version that wrote it, then migrate).

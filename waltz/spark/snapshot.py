@@ -1006,7 +1006,9 @@ def load_snapshot(
             snapshot's).
         db_url: the database (a SQLAlchemy URL or an engine).
         replace: replace the rows of the application's tables and this log's marks and keys;
-            False: the tables must be empty and the log must have no marks there.
+            False: the tables must be empty and the log must have no marks there, checked before
+            ``app.prepare`` migrates anything (a refused load leaves the database as it was) and
+            again in the load's transaction.
         progress: called with a line per table.
 
     Raises:
@@ -1021,21 +1023,15 @@ def load_snapshot(
     plans = _table_plans(location, manifest, app)
     engine = db_url if isinstance(db_url, Engine) else create_framework_engine(db_url)
     try:
-        app.prepare(engine)
         name = manifest.cluster_name
+        if not replace:
+            # Before prepare migrates anything: a refused load leaves the database as it was.
+            with engine.connect() as conn:
+                _refuse_a_used_database(conn, app, name)
+        app.prepare(engine)
         with engine.begin() as conn:
             if not replace:
-                if HighWaterMarks(name).read_all(conn):
-                    raise SnapshotError(
-                        f"the database has marks of {name!r} already: load into an empty database, or "
-                        "replace its tables and marks (waltz snapshot load --replace; replace=True)"
-                    )
-                for table in app.tables:
-                    if conn.execute(select(*table.primary_key.columns).limit(1)).first() is not None:
-                        raise SnapshotError(
-                            f"table {table.name} is not empty: load into an empty database, or replace "
-                            "its tables and marks (waltz snapshot load --replace; replace=True)"
-                        )
+                _refuse_a_used_database(conn, app, name)  # again, in the load's transaction
             for table in app.tables:
                 plan = plans[table.name]
                 entry = plan.entry
@@ -1071,6 +1067,35 @@ def load_snapshot(
         if not isinstance(db_url, Engine):
             engine.dispose()
     return manifest
+
+
+def _refuse_a_used_database(conn: Connection, app: AppViews, name: str) -> None:
+    """Refuse a load (without ``replace``) into a database that holds marks of the log ``name``
+    or rows in an application table, of the tables that exist: the load runs it before the
+    application's ``prepare``, which would migrate the database, and again in its transaction.
+    Only table names are read, so a table of an older revision of the application is read too.
+
+    Raises:
+        SnapshotError: naming the marks or the table.
+    """
+    from sqlalchemy import inspect, literal
+    from sqlalchemy import table as table_clause
+
+    inspector = inspect(conn)
+    if inspector.has_table(high_water_marks.name) and HighWaterMarks(name).read_all(conn):
+        raise SnapshotError(
+            f"the database has marks of {name!r} already: load into an empty database, or "
+            "replace its tables and marks (waltz snapshot load --replace; replace=True)"
+        )
+    for table in app.tables:
+        if not inspector.has_table(table.name, schema=table.schema):
+            continue
+        named = table_clause(table.name, schema=table.schema)
+        if conn.execute(select(literal(1)).select_from(named).limit(1)).first() is not None:
+            raise SnapshotError(
+                f"table {table.name} is not empty: load into an empty database, or replace "
+                "its tables and marks (waltz snapshot load --replace; replace=True)"
+            )
 
 
 def _insert_rows(conn: Any, table: Any, rows: Iterator[dict[str, Any]], typed: Table | None = None) -> int:
