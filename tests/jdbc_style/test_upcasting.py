@@ -338,3 +338,24 @@ def test_stored_rows_upcast_as_the_log_s_changes_and_must_give_the_model() -> No
         lacking.upcast({"k_col": 3, "token_col": str(token), "blob_col": b""})
     with pytest.raises(UpcastError, match="not a UUID"):
         rows.upcast({"k_col": 3, "token_col": "nope", "blob_col": b""})
+
+
+def test_stored_rows_give_a_decimal_kept_as_text_as_the_log_s_decimal() -> None:
+    """A snapshot keeps a decimal column of no Parquet decimal's precision as its exact text: the
+    upcasters get it as the log's changes give it, a ``decimal.Decimal`` of every digit."""
+    from waltz.jdbc_style.upcasting import StoredRows
+
+    seen: list[object] = []
+
+    def typed(change: RowChange) -> RowChange:
+        seen.append(change.values["rate"])
+        return change
+
+    chain = SchemaChain("e", 2, [RowUpcaster(1, typed)])
+    rows = StoredRows(chain, 1, (("k", "k"), ("rate", "rate")), ("k",), ("k", "rate"), decimals=("rate",))
+    exact = "0.123456789012345678901234567890"
+    assert rows.upcast({"k": 1, "rate": exact}) == {"k": 1, "rate": decimal.Decimal(exact)}
+    assert seen == [decimal.Decimal(exact)] and isinstance(seen[0], decimal.Decimal)
+    assert rows.upcast({"k": 2, "rate": None}) == {"k": 2, "rate": None}
+    with pytest.raises(UpcastError, match="stored in a decimal column is not a number"):
+        rows.upcast({"k": 3, "rate": "x"})

@@ -788,6 +788,7 @@ class _Typed(_NarrowBase):
 
     custid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     amount: Mapped[decimal.Decimal | None] = mapped_column(Numeric(12, 2))
+    exact: Mapped[decimal.Decimal | None] = mapped_column(Numeric)  # kept as its text
     ratio: Mapped[float | None] = mapped_column(Float)
     stamped: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     local: Mapped[dt.datetime | None] = mapped_column(DateTime)
@@ -837,6 +838,7 @@ def test_a_snapshot_row_replayed_is_the_row_that_passes_through(
     values = {
         "custid": [1, 2, 3, 4],
         "amount": [decimal.Decimal("12.50"), decimal.Decimal("-0.01"), None, decimal.Decimal("1")],
+        "exact": ["0.123456789012345678", "-1E+3", None, "12345678901234567890.5"],
         "ratio": [0.1, 1e-300, None, 2.5],
         "stamped": [
             dt.datetime(2026, 3, 29, 1, 30, 0, 123456, tzinfo=utc),
@@ -1033,3 +1035,179 @@ def test_a_refused_load_leaves_the_database_at_its_revision(tmp_path: Path) -> N
     new = at_first_revision(f"sqlite:///{tmp_path / 'new.db'}")
     load_snapshot(str(location), COUNTER_VIEWS, new)
     assert revision(new) == migrations_api.head()
+
+
+class _Exact(_NarrowBase):
+    """Decimal columns of every declaration: unbounded (a PostgreSQL ``NUMERIC`` keeps any
+    number of digits), without a scale (``NUMERIC(10)``, scale 0), wider than a Parquet decimal
+    holds (``NUMERIC(60, 30)``), and bounded (``NUMERIC(12, 2)``)."""
+
+    __tablename__ = "exact_rows"
+    __waltz__ = WaltzEntity("test.exact", partition_by=by_customer)
+
+    custid: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    exact: Mapped[decimal.Decimal | None] = mapped_column(Numeric)
+    whole: Mapped[decimal.Decimal | None] = mapped_column(Numeric(10))
+    wide: Mapped[decimal.Decimal | None] = mapped_column(Numeric(60, 30))
+    amount: Mapped[decimal.Decimal | None] = mapped_column(Numeric(12, 2))
+
+
+#: Rows of ``_Exact``: more fractional digits than 10, more digits than 38, exponents, NULLs.
+EXACT_ROWS = [
+    {
+        "custid": 1,
+        "exact": decimal.Decimal("0.123456789012345678901234567890"),
+        "whole": decimal.Decimal("5"),
+        "wide": decimal.Decimal("123456789012345678901234567890.123456789012345678901234567890"),
+        "amount": decimal.Decimal("12.50"),
+    },
+    {
+        "custid": 2,
+        "exact": decimal.Decimal("-98765432109876543210987654321098765432109876543210.5"),
+        "whole": decimal.Decimal("-9999999999"),
+        "wide": decimal.Decimal("-0.000000000000000000000000000001"),
+        "amount": decimal.Decimal("-0.01"),
+    },
+    {"custid": 3, "exact": decimal.Decimal("1.10"), "whole": None, "wide": None, "amount": None},
+    {"custid": 4, "exact": None, "whole": decimal.Decimal("0"), "wide": decimal.Decimal("0"), "amount": None},
+]
+
+
+def _exact_views() -> Any:
+    from waltz.jdbc_style import migrations_api
+
+    def prepare(engine: Any) -> None:
+        migrations_api.upgrade(engine)
+        _Exact.metadata.create_all(engine, tables=[_Exact.__table__])
+
+    return dataclasses.replace(
+        LEDGER_VIEWS,
+        cluster_name="exact",
+        tables=[_Exact.__table__],
+        prepare=prepare,
+        entities=EntityRegistry([_Exact]),
+    )
+
+
+def _exact_database(url: str, rows: list[dict[str, Any]]) -> None:
+    from waltz.jdbc_style.schema import high_water_marks
+
+    engine = create_framework_engine(url)
+    try:
+        _exact_views().prepare(engine)
+        with engine.begin() as conn:
+            conn.execute(_Exact.__table__.insert(), rows)
+            conn.execute(
+                high_water_marks.insert().values(
+                    cluster_name="exact",
+                    partition_id=0,
+                    high_water_mark=3,
+                    updated_at=dt.datetime.now(dt.UTC),
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def _exact_rows(url: str) -> list[dict[str, Any]]:
+    engine = create_framework_engine(url)
+    try:
+        with engine.connect() as conn:
+            table = _Exact.__table__
+            return [dict(r._mapping) for r in conn.execute(select(table).order_by(table.c.custid))]
+    finally:
+        engine.dispose()
+
+
+def test_decimals_of_any_precision_are_kept_exactly_on_postgresql(
+    postgres_server: Any, postgres_url: str, tmp_path: Path
+) -> None:
+    """A decimal column without a precision and scale a Parquet decimal holds (unbounded, no
+    scale, more than 38 digits) is kept as its exact text, the snapshot's form 2 naming the
+    columns; the load and the copy of a rebuild's seed give back every digit. A bounded column
+    stays a Parquet decimal."""
+    import pyarrow.parquet as pq
+
+    views = _exact_views()
+    _exact_database(postgres_url, EXACT_ROWS)
+    location = tmp_path / "snapshot"
+    manifest = write_snapshot(views, postgres_url, str(location))
+    assert manifest.form == 2 and read_manifest(str(location)).form == 2
+    (entry,) = manifest.tables
+    assert entry.decimal_text == ("exact", "whole", "wide")
+    schema = pq.read_schema(location / entry.file)
+    assert [str(schema.field(c).type) for c in ("exact", "whole", "wide", "amount")] == [
+        "string",
+        "string",
+        "string",
+        "decimal128(12, 2)",
+    ]
+    assert _exact_rows(postgres_url) == EXACT_ROWS  # the database holds every digit
+    with postgres_server.fresh_database() as loaded:
+        load_snapshot(str(location), views, loaded)
+        assert _exact_rows(loaded) == EXACT_ROWS
+        engine = create_framework_engine(loaded)
+        try:
+            with engine.begin() as conn:
+                conn.execute(_Exact.__table__.delete())
+                assert SnapshotSeed(str(location), entry).copy_into(conn, _Exact.__table__, "exact_rows") == 4
+        finally:
+            engine.dispose()
+        assert _exact_rows(loaded) == EXACT_ROWS
+
+
+def test_a_snapshot_of_form_1_with_decimals_of_scale_10_is_still_read(tmp_path: Path) -> None:
+    """A release before form 2 kept an unbounded decimal column as a Parquet decimal(38, 10):
+    such a snapshot loads as it did."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    views = _exact_views()
+    rows = [{**row, "exact": decimal.Decimal("1.5"), "wide": None, "whole": None} for row in EXACT_ROWS[:2]]
+    _exact_database(f"sqlite:///{tmp_path / 'source.db'}", rows)
+    location = tmp_path / "snapshot"
+    write_snapshot(views, f"sqlite:///{tmp_path / 'source.db'}", str(location))
+    raw = json.loads((location / MANIFEST_NAME).read_text())
+    (entry,) = raw["tables"]
+    old_types = {
+        "exact": pa.decimal128(38, 10),
+        "whole": pa.decimal128(10, 10),
+        "wide": pa.decimal128(38, 10),
+    }
+    table = pq.read_table(location / entry["file"])
+    table = table.cast(pa.schema([pa.field(f.name, old_types.get(f.name, f.type)) for f in table.schema]))
+    pq.write_table(table, location / entry["file"])
+    del entry["decimal_text"]
+    entry["sha256"] = hashlib.sha256((location / entry["file"]).read_bytes()).hexdigest()
+    (location / MANIFEST_NAME).write_text(json.dumps({**raw, "form": 1}))
+    url = f"sqlite:///{tmp_path / 'loaded.db'}"
+    load_snapshot(str(location), views, url)
+    assert _exact_rows(url) == rows
+
+
+def test_a_value_outside_its_column_s_parquet_type_is_refused_naming_it_and_nothing_is_left(
+    tmp_path: Path,
+) -> None:
+    """SQLite keeps a value a ``NUMERIC(12, 2)`` column cannot hold: the snapshot is refused naming
+    the table, the column and the value (no pyarrow traceback), and the location is left as it
+    was."""
+    from sqlalchemy import text
+
+    views = _exact_views()
+    url = f"sqlite:///{tmp_path / 'source.db'}"
+    _exact_database(url, EXACT_ROWS[2:])
+    engine = create_framework_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE exact_rows SET amount = 123456789012345.5 WHERE custid = 3"))
+    finally:
+        engine.dispose()
+    location = tmp_path / "snapshot"
+    message = r"table exact_rows, column amount: the value Decimal\('123456789012345\.50'\) does not fit"
+    with pytest.raises(SnapshotError, match=message):
+        write_snapshot(views, url, str(location))
+    assert not location.exists()
+    location.mkdir()
+    with pytest.raises(SnapshotError, match=message):
+        write_snapshot(views, url, str(location))
+    assert location.exists() and list(location.iterdir()) == []

@@ -535,6 +535,8 @@ class StoredRows:
         current: the current model's attributes, every one of which the upcast rows must give.
         uuids: the stored columns of UUIDs (kept as text): the upcasters get ``uuid.UUID`` values,
             as the log's changes give them.
+        decimals: the stored decimal columns kept as their exact text: the upcasters get
+            ``decimal.Decimal`` values, as the log's changes give them.
     """
 
     chain: SchemaChain
@@ -543,18 +545,20 @@ class StoredRows:
     key: tuple[str, ...]
     current: tuple[str, ...]
     uuids: tuple[str, ...] = ()
+    decimals: tuple[str, ...] = ()
 
     def upcast(self, row: Mapping[str, Any]) -> dict[str, Any]:
         """One stored row (column -> value) as the current model's attribute -> value. The
         upcasters get values as a change-set of the log gives them: UUIDs as ``uuid.UUID``,
-        binary values as ``bytes``.
+        decimals as ``decimal.Decimal``, binary values as ``bytes``.
 
         Raises:
             UpcastError: an upcaster failed, or the upcast row lacks an attribute of the current
                 model or has one it does not know (the upcasters do not lead to the model).
         """
         values = {
-            attribute: _as_logged(row[column], column in self.uuids) for attribute, column in self.attributes
+            attribute: _as_logged(row[column], column in self.uuids, column in self.decimals)
+            for attribute, column in self.attributes
         }
         key = {name: values[name] for name in self.key}
         entity = self.chain.entity
@@ -574,13 +578,18 @@ class StoredRows:
         return dict(result)
 
 
-def _as_logged(value: Any, is_uuid: bool) -> Any:
+def _as_logged(value: Any, is_uuid: bool, is_decimal: bool = False) -> Any:
     """A stored value as a change-set of the log carries it (``StoredRows.upcast``)."""
     if is_uuid and isinstance(value, str):
         try:
             return uuid.UUID(value)
         except ValueError as exc:
             raise UpcastError(f"{value!r} stored in a UUID column is not a UUID") from exc
+    if is_decimal and isinstance(value, str):
+        try:
+            return decimal.Decimal(value)
+        except decimal.InvalidOperation as exc:
+            raise UpcastError(f"{value!r} stored in a decimal column is not a number") from exc
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     return value

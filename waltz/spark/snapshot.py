@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MANIFEST_NAME",
+    "PARQUET_DECIMAL_PRECISION",
     "SNAPSHOT_FORM",
     "SnapshotEntityRows",
     "SnapshotError",
@@ -71,6 +72,7 @@ __all__ = [
     "check_stored_rows",
     "describe_stored",
     "entity_file",
+    "keeps_decimal_text",
     "load_snapshot",
     "open_location",
     "read_manifest",
@@ -86,8 +88,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The snapshot manifest's form (``"form"``); a reader refuses a newer one.
-SNAPSHOT_FORM = 1
+#: The newest snapshot manifest form (``"form"``) this code reads; a reader refuses a newer one.
+#: A snapshot is written at form 2 when a table keeps a column as decimal text
+#: (``SnapshotFile.decimal_text``), which a reader of form 1 would hand its upcasters as text;
+#: at form 1 otherwise, which every release reads.
+SNAPSHOT_FORM = 2
+#: The largest precision of a Parquet decimal here (``decimal128``, as Spark's ``DecimalType``).
+PARQUET_DECIMAL_PRECISION = 38
 #: The manifest's file name in a snapshot directory.
 MANIFEST_NAME = "manifest.json"
 #: What ``"kind"`` says in a snapshot's manifest.
@@ -126,6 +133,9 @@ class SnapshotFile:
         rows: its row count.
         sha256: the SHA-256 of the file's bytes, hex.
         columns: ``(name, SQL type)`` of each column, in order (the type as SQLAlchemy names it).
+        decimal_text: the decimal columns kept as their exact text (a Parquet string), those
+            whose declaration no Parquet decimal holds (:func:`keeps_decimal_text`); empty in a
+            snapshot of form 1, whose decimal columns are all Parquet decimals.
     """
 
     table: str
@@ -133,15 +143,19 @@ class SnapshotFile:
     rows: int
     sha256: str
     columns: tuple[tuple[str, str], ...] = ()
+    decimal_text: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "table": self.table,
             "file": self.file,
             "rows": self.rows,
             "sha256": self.sha256,
             "columns": [list(c) for c in self.columns],
         }
+        if self.decimal_text:
+            out["decimal_text"] = list(self.decimal_text)
+        return out
 
     @staticmethod
     def from_json(raw: Any, where: str) -> SnapshotFile:
@@ -167,7 +181,17 @@ class SnapshotFile:
             isinstance(c, list) and len(c) == 2 and all(isinstance(part, str) for part in c) for c in columns
         ):
             raise SnapshotError(f"{where}: table {table!r}: columns {columns!r}, expected [name, type] pairs")
-        return SnapshotFile(table, file, rows, sha256, tuple((n, t) for n, t in columns))
+        decimal_text = raw.get("decimal_text", [])
+        names = {n for n, _ in columns}
+        if (
+            not isinstance(decimal_text, list)
+            or not all(isinstance(c, str) for c in decimal_text)
+            or (names and not set(decimal_text) <= names)
+        ):
+            raise SnapshotError(
+                f"{where}: table {table!r}: decimal_text {decimal_text!r}, expected a list of its columns"
+            )
+        return SnapshotFile(table, file, rows, sha256, tuple((n, t) for n, t in columns), tuple(decimal_text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +214,8 @@ class SnapshotManifest:
             when the writer's caller passed one, else None (``waltz snapshot create``, which reads
             a database with no cluster at hand, writes None); no reader uses it
             (docs/design/spark.md, "Snapshots").
-        form: the manifest's form (:data:`SNAPSHOT_FORM`).
+        form: the manifest's form: 2 when a table keeps a column as decimal text, else 1 (a
+            reader takes up to :data:`SNAPSHOT_FORM`).
     """
 
     cluster_name: str
@@ -314,14 +339,34 @@ def arrow_type(column_type: types.TypeEngine[Any]) -> pa.DataType:
     ]
     if isinstance(column_type, types.DateTime):
         return pa.timestamp("us", tz="UTC") if column_type.timezone else pa.timestamp("us")
+    if keeps_decimal_text(column_type):
+        return pa.string()
     if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
-        precision = column_type.precision or 38
-        scale = column_type.scale if column_type.scale is not None else 10
-        return pa.decimal128(precision, scale)
+        assert column_type.precision is not None and column_type.scale is not None  # keeps_decimal_text
+        return pa.decimal128(column_type.precision, column_type.scale)
     for kind, arrow in checks:
         if isinstance(column_type, kind):
             return arrow
     raise SnapshotError(f"no Parquet type for the SQL type {column_type!r}")
+
+
+def keeps_decimal_text(column_type: types.TypeEngine[Any]) -> bool:
+    """Whether a snapshot keeps a decimal column's values as their exact text (a Parquet
+    string; docs/design/spark.md "Snapshots"): a ``Numeric`` (not a ``Float``) without both a
+    precision and a scale, or whose precision or scale a Parquet decimal does not hold (more than
+    :data:`PARQUET_DECIMAL_PRECISION` digits). Such a column holds any number of digits (an
+    unbounded PostgreSQL ``NUMERIC``, any SQLite column) or an integer part the scale a reader
+    would guess could not hold; a column of both, within the bound, is a Parquet decimal of its
+    own precision and scale."""
+    if not isinstance(column_type, types.Numeric) or isinstance(column_type, types.Float):
+        return False
+    precision, scale = column_type.precision, column_type.scale
+    return (
+        precision is None
+        or scale is None
+        or not 1 <= precision <= PARQUET_DECIMAL_PRECISION
+        or not 0 <= scale <= precision
+    )
 
 
 def sql_type_name(column_type: types.TypeEngine[Any]) -> str:
@@ -342,31 +387,92 @@ def _arrow_value(value: Any) -> Any:
     return value
 
 
+def _decimal_text(value: Any) -> Any:
+    """A decimal column's value as the exact text a snapshot keeps (``str`` of a ``Decimal``, as
+    a change-set's ``$decimal`` and the rebuild's rendering write it; ``repr`` of a float)."""
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, decimal.Decimal | int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
+def _decimal_value(value: Any) -> Any:
+    """A value of a Parquet decimal column: a float (a ``Numeric(asdecimal=False)``) as the
+    ``Decimal`` of its shortest text."""
+    return decimal.Decimal(repr(value)) if isinstance(value, float) else _arrow_value(value)
+
+
 def _table_schema(table: Table) -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema([pa.field(c.name, arrow_type(c.type), nullable=True) for c in table.columns])
 
 
+def _value_converters(table: Table) -> list[Callable[[Any], Any]]:
+    """Per column of ``table``: its value as the snapshot's Arrow type takes it."""
+    converters: list[Callable[[Any], Any]] = []
+    for column in table.columns:
+        if keeps_decimal_text(column.type):
+            converters.append(_decimal_text)
+        elif isinstance(column.type, types.Numeric) and not isinstance(column.type, types.Float):
+            converters.append(_decimal_value)
+        else:
+            converters.append(_arrow_value)
+    return converters
+
+
+def _unfit_value(
+    table: Table, column: str, arrow: pa.DataType, values: Sequence[Any], error: Exception
+) -> SnapshotError:
+    """The error of a batch that pyarrow refused: the first value of ``values`` that does not
+    convert to ``arrow`` named, with the table, the column and the SQL type."""
+    import pyarrow as pa
+
+    culprit: Any = None
+    for value in values:
+        try:
+            pa.array([value], type=arrow)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            culprit, error = value, exc
+            break
+    shown = repr(culprit)
+    shown = shown if len(shown) <= 120 else shown[:117] + "..."
+    return SnapshotError(
+        f"table {table.name}, column {column}: the value {shown} does not fit the snapshot's Parquet "
+        f"type {arrow} of the column's {table.c[column].type} ({error}); the database holds a value "
+        "its declared type does not: correct the row, or declare the column's type as the database "
+        "holds it. Nothing was written"
+    )
+
+
 # --- writing ---------------------------------------------------------------------------------------
 
 
-def _write_table(
-    filesystem: pafs.FileSystem, path: str, schema: pa.Schema, rows: Iterator[Sequence[Any]]
-) -> int:
+def _write_table(filesystem: pafs.FileSystem, path: str, table: Table, rows: Iterator[Sequence[Any]]) -> int:
+    """Write ``table``'s rows to a Parquet file at ``path``: their count.
+
+    Raises:
+        SnapshotError: a value does not convert to its column's Arrow type (named).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    schema = _table_schema(table)
+    converters = _value_converters(table)
     count = 0
     with filesystem.open_output_stream(path) as stream, pq.ParquetWriter(stream, schema) as writer:
         batch: list[Sequence[Any]] = []
 
         def flush() -> None:
             columns = list(zip(*batch, strict=True)) if batch else [() for _ in schema]
-            arrays = [
-                pa.array([_arrow_value(v) for v in column], type=f.type)
-                for column, f in zip(columns, schema, strict=True)
-            ]
+            arrays = []
+            for column, field, convert in zip(columns, schema, converters, strict=True):
+                values = [convert(v) for v in column]
+                try:
+                    arrays.append(pa.array(values, type=field.type))
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+                    raise _unfit_value(table, field.name, field.type, values, exc) from exc
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
 
         for row in rows:
@@ -448,9 +554,7 @@ def write_snapshot(
                     rows = connection.execution_options(yield_per=BATCH_ROWS).execute(
                         select(*table.columns).order_by(*table.primary_key.columns)
                     )
-                    count = _write_table(
-                        filesystem, posixpath.join(root, file), _table_schema(table), iter(rows)
-                    )
+                    count = _write_table(filesystem, posixpath.join(root, file), table, iter(rows))
                     digest = file_sha256(filesystem, posixpath.join(root, file))
                     files.append(
                         SnapshotFile(
@@ -459,6 +563,7 @@ def write_snapshot(
                             count,
                             digest,
                             tuple((c.name, sql_type_name(c.type)) for c in table.columns),
+                            tuple(c.name for c in table.columns if keeps_decimal_text(c.type)),
                         )
                     )
                     say(f"{table.name}: {count} rows")
@@ -470,43 +575,44 @@ def write_snapshot(
                     .order_by(idempotency_keys.c.idempotency_key)
                 )
                 key_count = _write_table(
-                    filesystem, posixpath.join(root, keys_file), _table_schema(idempotency_keys), iter(keys)
+                    filesystem, posixpath.join(root, keys_file), idempotency_keys, iter(keys)
                 )
                 say(f"idempotency keys: {key_count}")
         finally:
             connection.close()
+        entities: dict[str, dict[str, Any]] = {}
+        if app.entities is not None:
+            for info in app.entities:
+                entities[info.name] = {
+                    "schema_version": info.schema_version,
+                    "table": info.model.__table__.name,
+                    "attributes": _attribute_columns(info),
+                    "key": list(info.key),
+                }
+        manifest = SnapshotManifest(
+            cluster_name=name,
+            marks=marks,
+            entities=entities,
+            tables=files,
+            idempotency_keys=SnapshotFile(
+                idempotency_keys.name,
+                keys_file,
+                key_count,
+                file_sha256(filesystem, posixpath.join(root, keys_file)),
+                tuple((c.name, str(c.type)) for c in idempotency_keys.columns),
+            ),
+            written_at=written_at,
+            dialect=dialect,
+            cluster_key_fingerprint=cluster_key_fingerprint,
+            form=2 if any(f.decimal_text for f in files) else 1,
+        )
+        write_json_atomically(filesystem, manifest_path, manifest.to_json())
     except BaseException:
         _remove_partial(filesystem, root, written, made)
         raise
     finally:
         if not isinstance(db_url, Engine):
             engine.dispose()
-    entities: dict[str, dict[str, Any]] = {}
-    if app.entities is not None:
-        for info in app.entities:
-            entities[info.name] = {
-                "schema_version": info.schema_version,
-                "table": info.model.__table__.name,
-                "attributes": _attribute_columns(info),
-                "key": list(info.key),
-            }
-    manifest = SnapshotManifest(
-        cluster_name=name,
-        marks=marks,
-        entities=entities,
-        tables=files,
-        idempotency_keys=SnapshotFile(
-            idempotency_keys.name,
-            keys_file,
-            key_count,
-            file_sha256(filesystem, posixpath.join(root, keys_file)),
-            tuple((c.name, str(c.type)) for c in idempotency_keys.columns),
-        ),
-        written_at=written_at,
-        dialect=dialect,
-        cluster_key_fingerprint=cluster_key_fingerprint,
-    )
-    write_json_atomically(filesystem, manifest_path, manifest.to_json())
     say(f"snapshot at marks {dict(sorted(marks.items()))} written to {location}")
     return manifest
 
@@ -651,7 +757,7 @@ def stored_rows(
             f"{where}: {info.name} at schema version {version}: {'; '.join(problems)} (its columns: {stored})"
         )
     uuids = tuple(name for name, sql_type in entry.columns if sql_type.upper() == "UUID")
-    return StoredRows(info.schema, version, attributes, key, info.attributes, uuids)
+    return StoredRows(info.schema, version, attributes, key, info.attributes, uuids, entry.decimal_text)
 
 
 def describe_stored(upcast: StoredRows) -> str:
