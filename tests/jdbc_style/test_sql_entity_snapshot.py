@@ -994,3 +994,91 @@ def test_expected_models_whose_key_types_do_not_fit_are_not_read_with_the_mark(
     context = IntegerHint(callbacks, Counter, 12)
     assert _build(context)[2]
     assert context.prefetched == [("counter", (12,)), ("renamed", (12,))]  # (Tagged, 12) left out
+
+
+def _counters(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return len(conn.execute(select(Counter.counter_id)).all())
+
+
+def test_a_write_behind_a_comment_or_a_with_is_refused_by_the_snapshot_s_session(
+    callbacks: ChangeSetCallbacks,
+) -> None:
+    """``tx.session`` refuses textual SQL that writes wherever the database starts reading it:
+    behind comments (``/* */``, ``--``, MariaDB's ``#``) and as the main statement or a
+    common table expression's body after a ``WITH``; on MariaDB a ``TRUNCATE`` would commit
+    at once, whatever the snapshot's rollback. Reads pass, ``replace()`` and quoted words
+    included; no row changes."""
+    from sqlalchemy import text
+
+    from waltz.errors import ReadOnlySessionError
+
+    pid, builder, _ = _build(Increment(callbacks, 21))
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    dialect = callbacks.engine.dialect.name
+    writes = [
+        "/* audit */ UPDATE counters SET value = 5",
+        "  -- note\nUPDATE counters SET value = 5",
+        "/* a */ -- b\n /* c */ DELETE FROM counters",
+        "WITH x AS (SELECT 1 AS n) UPDATE counters SET value = 5",
+        "WITH RECURSIVE x (n) AS (SELECT 1), y AS (SELECT n FROM x) DELETE FROM counters",
+        "with x as (select 'update' as w) insert into counters (counter_id, value, label) values (99, 1, '')",
+    ]
+    if dialect == "postgresql":
+        writes += [
+            "WITH gone AS (DELETE FROM counters RETURNING counter_id) SELECT counter_id FROM gone",
+            "WITH gone AS NOT MATERIALIZED ( /* x */ DELETE FROM counters RETURNING 1) SELECT 1",
+            "/* outer /* nested */ still a comment */ TRUNCATE TABLE counters",
+        ]
+    if dialect in ("mysql", "mariadb"):
+        writes += ["-- clean up\nTRUNCATE TABLE counters", "# note\nDROP TABLE counters"]
+    reads = [
+        "/* c */ SELECT value FROM counters",
+        "-- a note\nSELECT replace(label, 'a', 'b') FROM counters",
+        "WITH x AS (SELECT replace(label, 'update', 'delete') AS l FROM counters) SELECT l FROM x",
+        "WITH x AS (SELECT 1 AS n) SELECT n FROM x",
+    ]
+    before = _counters(callbacks.engine)
+    with callbacks.snapshot(pid) as snapshot:
+        for statement in writes:
+            with pytest.raises(
+                ReadOnlySessionError, match=r"textual statement (UPDATE|DELETE|INSERT|TRUNCATE|DROP) executed"
+            ):
+                snapshot.session.execute(text(statement))
+        for statement in reads:
+            snapshot.session.execute(text(statement)).all()
+    assert _counters(callbacks.engine) == before == 1
+    assert _read(callbacks.engine, 21) == 1
+
+
+def test_a_snapshot_s_transaction_is_read_only_on_a_database_server(callbacks: ChangeSetCallbacks) -> None:
+    """On PostgreSQL and MariaDB the snapshot's transaction is read only: a write on its own
+    connection, which the session does not inspect, fails in the database (on MariaDB a
+    ``TRUNCATE`` would otherwise commit at once) and changes nothing. The reader connections go
+    back to the pool writable."""
+    if callbacks.engine.dialect.name == "sqlite":
+        pytest.skip("SQLite takes a pooled connection for each snapshot, whose rollback undoes any write")
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    pid, builder, _ = _build(Increment(callbacks, 22))
+    callbacks.apply_transaction(_committed(pid, 0, builder))
+    for statement in ("TRUNCATE TABLE counters", "UPDATE counters SET value = 5", "DROP TABLE counters"):
+        with callbacks.snapshot(pid) as snapshot, pytest.raises(DBAPIError, match=r"(?i)read.only"):
+            snapshot.connection.execute(text(statement))
+    assert _counters(callbacks.engine) == 1 and _read(callbacks.engine, 22) == 1
+    callbacks.release_connections()
+    pool: Any = callbacks.engine.pool
+    idle = pool.checkedin()
+    assert idle >= 1
+    held = [callbacks.engine.connect() for _ in range(idle)]  # every pooled connection, the readers' too
+    try:
+        for index, conn in enumerate(held):
+            conn.execute(
+                text(f"INSERT INTO counters (counter_id, value, label) VALUES ({100 + index}, 0, '')")
+            )
+            conn.commit()
+    finally:
+        for conn in held:
+            conn.close()
+    assert _counters(callbacks.engine) == 1 + idle

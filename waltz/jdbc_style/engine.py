@@ -50,6 +50,7 @@ __all__ = [
     "is_transient",
     "parse_database_url",
     "prepare_engine",
+    "statement_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,11 @@ _FORBIDDEN = re.compile(
 _MYSQL_EXECUTED_COMMENT = re.compile(r"/\*M?!\d*")
 
 
-def _statement_start(statement: str, dialect_name: str) -> str:
+def statement_start(statement: str, dialect_name: str) -> str:
     """A statement's text from where the database starts reading it: leading whitespace,
     semicolons and comments skipped (docs/design/sql.md "The apply contract": the apply guard
-    matches this, so that a comment does not hide a ``COMMIT`` from it).
+    matches this, so that a comment does not hide a ``COMMIT`` from it; so does the read-only
+    session of a snapshot, docs/design/sql.md "Entity transactions").
 
     Args:
         statement: the SQL text as the driver receives it.
@@ -166,7 +168,7 @@ def _guard_statement(
 ) -> None:
     if conn not in _guarded:
         return
-    forbidden = _FORBIDDEN.match(_statement_start(statement, conn.dialect.name))
+    forbidden = _FORBIDDEN.match(statement_start(statement, conn.dialect.name))
     if forbidden is not None:
         raise _contract_error(f"execute {forbidden.group().split()[0].upper()} ({statement.strip()[:60]!r})")
 

@@ -19,6 +19,7 @@ from sqlalchemy.sql.elements import TextClause
 
 from waltz.errors import ReadOnlySessionError
 from waltz.jdbc_style.direct import direct_statements
+from waltz.jdbc_style.engine import statement_start
 from waltz.jdbc_style.entities import EntityInfo
 from waltz.jdbc_style.kept_connections import IdleBudget, KeptConnections
 from waltz.jdbc_style.marks import HighWaterMarks
@@ -59,9 +60,11 @@ class MarkSnapshot:
     def session(self) -> Session:
         """An ORM session on the snapshot's connection and transaction (made when first used),
         for reads only: a write through it raises :class:`~waltz.errors.ReadOnlySessionError`
-        (an ``INSERT``, ``UPDATE`` or ``DELETE`` executed, or a flush of added, deleted or changed
-        objects); :meth:`take_writes` names those never flushed (docs/design/sql.md "Entity
-        transactions")."""
+        (an ``INSERT``, ``UPDATE`` or ``DELETE`` executed, textual SQL that writes, behind
+        comments or a ``WITH`` too, or a flush of added, deleted or changed objects);
+        :meth:`take_writes` names those never flushed (docs/design/sql.md "Entity
+        transactions"). A snapshot that :class:`MarkReader` opened on PostgreSQL or MariaDB is
+        read only in the database as well."""
         if self._session is None:
             self._session = Session(bind=self.connection, autoflush=True)
             event.listen(self._session, "do_orm_execute", _refuse_writes)
@@ -82,10 +85,105 @@ class MarkSnapshot:
             self._session = None
 
 
-#: The first word of a textual statement that writes (``session.execute(text(...))``).
-_WRITING_TEXT = re.compile(
-    r"\s*(?:insert|update|delete|merge|replace|upsert|truncate|create|alter|drop)\b", re.IGNORECASE
+#: The words that begin a textual statement that writes (``session.execute(text(...))``), or that
+#: MySQL and MariaDB commit at once (DDL, grants).
+_WRITING_VERBS = frozenset(
+    {
+        "insert",
+        "update",
+        "delete",
+        "merge",
+        "replace",
+        "upsert",
+        "truncate",
+        "create",
+        "alter",
+        "drop",
+        "rename",
+        "grant",
+        "revoke",
+    }
 )
+#: The words that begin a statement that only reads: after a ``WITH``, its main statement's.
+_READING_VERBS = frozenset({"select", "values", "table"})
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+#: What follows a function's name (``replace(...)``), not a statement's verb.
+_CALLED = re.compile(r"\s*\(")
+#: A PostgreSQL dollar quote's opening (``$$``, ``$body$``).
+_DOLLAR_QUOTE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*)?\$")
+
+
+def _writing_verb(statement: str, dialect_name: str) -> str | None:
+    """The writing word (upper case) that makes a textual statement a write, or None: its first
+    word from where the database starts reading it (leading comments skipped as the database
+    skips them, :func:`~waltz.jdbc_style.engine.statement_start`), or after a ``WITH`` the first
+    word of its main statement or of a common table expression's body (PostgreSQL's ``WITH x AS
+    (DELETE ... RETURNING ...) SELECT ...`` writes). Only the first statement of a text is read."""
+    text = statement_start(statement, dialect_name)
+    word = _WORD.match(text)
+    if word is None:
+        return None
+    verb = word.group().lower()
+    if verb in _WRITING_VERBS:
+        return verb.upper()
+    if verb != "with":
+        return None
+    return _writing_after_with(text, word.end(), dialect_name)
+
+
+def _writing_after_with(text: str, at: int, dialect_name: str) -> str | None:
+    """The writing word of a ``WITH`` statement read from ``at`` (after the ``WITH``), or None
+    once its main statement is found to read: strings, quoted names and comments are passed over;
+    a word counts at the parentheses' outer level (the main statement's verb) or first inside a
+    parenthesis (a body), unless a ``(`` follows it (a function, such as ``replace(...)``)."""
+    mysql = dialect_name in ("mysql", "mariadb")
+    depth, opened, end = 0, False, len(text)
+    while at < end:
+        char = text[at]
+        if char.isspace():
+            at += 1
+        elif text.startswith(("--", "/*"), at) or (mysql and char == "#"):
+            at = end - len(statement_start(text[at:], dialect_name))
+        elif char in "'\"`" or (char == "[" and dialect_name == "sqlite"):
+            at = _after_quoted(text, at, "]" if char == "[" else char, mysql)
+            opened = False
+        elif char == "$" and dialect_name == "postgresql" and (dollar := _DOLLAR_QUOTE.match(text, at)):
+            closing = text.find(dollar.group(), dollar.end())
+            at = end if closing < 0 else closing + len(dollar.group())
+            opened = False
+        elif char == "(":
+            depth, opened, at = depth + 1, True, at + 1
+        elif char == ")":
+            depth, opened, at = max(0, depth - 1), False, at + 1
+        elif (word := _WORD.match(text, at)) is not None:
+            verb, at = word.group().lower(), word.end()
+            counts = (opened or depth == 0) and _CALLED.match(text, at) is None
+            if counts and verb in _WRITING_VERBS:
+                return verb.upper()
+            if depth == 0 and not opened and verb in _READING_VERBS:
+                return None  # the main statement reads: every body before it was read
+            opened = False
+        else:
+            opened, at = False, at + 1
+    return None
+
+
+def _after_quoted(text: str, at: int, closing: str, backslash: bool) -> int:
+    """The index after a quoted string or name that opens at ``at`` (a doubled ``closing``
+    stands for itself; on MySQL and MariaDB a backslash escapes the next character)."""
+    at += 1
+    while at < len(text):
+        char = text[at]
+        if backslash and char == "\\" and closing in "'\"":
+            at += 2
+        elif char == closing:
+            if text.startswith(closing * 2, at) and closing != "]":
+                at += 2
+            else:
+                return at + 1
+        else:
+            at += 1
+    return at
 
 
 def read_only_session_error(what: str) -> ReadOnlySessionError:
@@ -101,10 +199,10 @@ def _refuse_writes(state: ORMExecuteState) -> None:
     statement = state.statement
     if state.is_insert or state.is_update or state.is_delete:
         raise read_only_session_error(f"{type(statement).__name__.lower()} statement executed on it")
-    if isinstance(statement, TextClause) and _WRITING_TEXT.match(statement.text):
-        raise read_only_session_error(
-            f"textual statement {statement.text.split(None, 1)[0].upper()} executed on it"
-        )
+    if isinstance(statement, TextClause):
+        verb = _writing_verb(statement.text, state.session.get_bind().dialect.name)
+        if verb is not None:
+            raise read_only_session_error(f"textual statement {verb} executed on it")
 
 
 def _pending(session: Session) -> str | None:
@@ -150,7 +248,7 @@ class MarkReader:
     """
 
     def __init__(self, engine: Engine, marks: HighWaterMarks, budget: IdleBudget) -> None:
-        self._readers = KeptConnections(engine, SNAPSHOT_ISOLATION, budget)
+        self._readers = KeptConnections(engine, SNAPSHOT_ISOLATION, budget, read_only=True)
         self._marks = marks
         self._prefetch = MarkPrefetch(marks.cluster_name)
 
