@@ -15,6 +15,7 @@ import json
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from waltz.cli.main import app as waltz_app
 from waltz.committed import reads
 from waltz.committed.errors import CommittedReadError
 from waltz.committed.sources import OfflineReplica, OfflineSource
+from waltz.errors import ConfigurationError
 from waltz.jdbc_style import create_framework_engine
 from waltz.local.cluster import LocalCluster
 from waltz.local.options import ProcessOptions
@@ -228,6 +230,44 @@ def test_a_location_that_holds_no_archive_is_refused_while_planning(after: Befor
         with pytest.raises(RebuildError, match=rf"--archive {re.escape(str(typo))} holds no archive"):
             source.planned()
     assert dataclasses.replace(offline, archive=str(after.location)).planned().plans
+
+
+def test_an_archive_of_another_cluster_is_refused_while_planning(after: Before, tmp_path: Path) -> None:
+    """An archive whose ``archive.json`` does not list this cluster's key, or has another
+    partition count, is another log's: a rebuild given it would read that log's chunks as this
+    one's. Refused before Spark starts, naming both fingerprints (both counts), offline, live and
+    through the data source's ``archive`` option, as the archiver refuses to write to it."""
+    from waltz.archive.layout import ArchiveFiles
+    from waltz.archive.manifests import read_archive_manifest, write_archive_manifest
+    from waltz.protocol.cluster_key import cluster_key_fingerprint
+
+    other = tmp_path / "other-archive"
+    shutil.copytree(after.location, other)
+    files = ArchiveFiles.open(str(other))
+    ours = read_archive_manifest(files)
+    assert ours is not None
+    (fingerprint,) = ours.cluster_key_fingerprints
+    foreign = cluster_key_fingerprint(str(uuid.uuid4()))
+    offline = LogSource(storage_dirs=[str(node.directory) for node in after.cluster.storages], replicas=3)
+    sources = [dataclasses.replace(s, archive=str(other)) for s in (offline, _source(after.cluster))]
+    write_archive_manifest(files, dataclasses.replace(ours, cluster_key_fingerprints=(foreign,)))
+    for source in sources:
+        with pytest.raises(
+            RebuildError, match=rf"--archive {re.escape(str(other))} is another cluster's"
+        ) as refused:
+            source.planned()
+        assert foreign in str(refused.value) and fingerprint in str(refused.value), refused.value
+    with pytest.raises(ConfigurationError, match=rf"archive={re.escape(str(other))} is another cluster's"):
+        WaltzLogReader({**_source(after.cluster).options(), "archive": str(other)}).partitions()
+    write_archive_manifest(files, dataclasses.replace(ours, num_partitions=2))
+    for source in sources:
+        with pytest.raises(
+            RebuildError, match=r"holds an archive of 2 partitions, and the log's cluster has 1"
+        ):
+            source.planned()
+    # A restored cluster's key is listed beside the first one's: its archive.
+    write_archive_manifest(files, dataclasses.replace(ours, cluster_key_fingerprints=(foreign, fingerprint)))
+    assert all(source.planned().plans for source in sources)
 
 
 def test_hold_says_when_retention_deleted_a_damaged_chunk_s_range_from_every_replica(

@@ -12,17 +12,19 @@ names one (an offline read) or turns it off (``archive=off``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from waltz.archive.chunks import read_chunk_table
 from waltz.archive.layout import ArchiveFiles
-from waltz.archive.manifests import ChunkEntry, read_partition_manifest
+from waltz.archive.manifests import ArchiveManifest, ChunkEntry, read_partition_manifest
+from waltz.committed.sources import CommittedPartition, LiveSource
 
-__all__ = ["ARCHIVE_OFF", "ArchivedRange", "plan_archived", "read_archived_range"]
+__all__ = ["ARCHIVE_OFF", "ArchivedRange", "archive_cluster_problem", "plan_archived", "read_archived_range"]
 
 #: The ``archive`` option's value that reads only the storage nodes.
 ARCHIVE_OFF = "off"
@@ -37,6 +39,57 @@ class ArchivedRange(InputPartition):
     last: int
     location: str
     chunk: ChunkEntry
+
+
+def archive_cluster_problem(manifest: ArchiveManifest, plans: Sequence[CommittedPartition]) -> str | None:
+    """Why an archive given to a read is not the archive of the log's cluster, or None when it is
+    (docs/design/spark.md, "Archived ranges"), as the archiver tells (``claim_archive``): its
+    ``archive.json`` must list the cluster's key fingerprint, and have the cluster's partition
+    count (that at creation, which a live cluster's ZooKeeper keeps; storage directories count
+    the partitions splits added too, so offline the archive's count must not be higher).
+
+    Args:
+        manifest: the archive's ``archive.json``.
+        plans: the log's plan (live: each partition's source names the cluster key; offline: the
+            storage directories' control files do).
+
+    Returns:
+        The problem, as words that follow the archive's location; None when none, or when the
+        plan names no source to compare with.
+
+    Raises:
+        StorageNotInitializedError, CorruptDataError, OSError: a storage directory's control file
+            is unusable (offline).
+    """
+    from waltz.protocol.cluster_key import cluster_key_fingerprint
+
+    for plan in plans:
+        source = plan.source
+        if isinstance(source, LiveSource):
+            key, partitions, exact = source.cluster_key, source.num_partitions, True
+            break
+        if source.replicas:
+            from waltz.services.storage import inspect
+
+            header = inspect.read_control_file(Path(source.replicas[0].directory)).header
+            key, partitions, exact = str(header.cluster_key), header.num_partitions, False
+            break
+    else:
+        return None
+    fingerprint = cluster_key_fingerprint(key)
+    if fingerprint not in manifest.cluster_key_fingerprints:
+        return (
+            f"is another cluster's archive: its archive.json lists the cluster key fingerprints "
+            f"{list(manifest.cluster_key_fingerprints)}, and the log's cluster has the key fingerprint "
+            f"{fingerprint}"
+        )
+    count = manifest.num_partitions
+    if count > partitions or (exact and count != partitions):
+        return (
+            f"holds an archive of {count} partitions, and the log's cluster has {partitions}: it is "
+            "another log's archive"
+        )
+    return None
 
 
 def plan_archived(

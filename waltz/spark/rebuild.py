@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from waltz.archive.manifests import ArchiveManifest
 from waltz.committed.plan import CommittedPartition, plan_live, plan_offline
 from waltz.metadata.epochs import PartitionEpochs, PartitionEpochsZk
 from waltz.metadata.zk import ClusterZk
@@ -107,43 +108,61 @@ class LogSource:
 
         Raises:
             RebuildError: neither or both kinds of source given, or an ``archive`` that holds no
-                archive.
+                archive or another cluster's (its ``archive.json`` does not list the cluster's key
+                fingerprint, or has another partition count).
             CommittedReadError: a partition cannot be proven.
         """
         if self.plans is not None:
             return list(self.plans)
-        self._require_archive()
+        archive = self._require_archive()
         if self.zookeeper and self.cluster_root and not self.storage_dirs:
             security = security_from_files(self.zookeeper_files) if self.zookeeper_files else None
-            return plan_live(self.zookeeper, self.cluster_root, tls=self.tls, security=security)
-        if self.storage_dirs and not self.zookeeper:
-            return plan_offline(
+            plans = plan_live(self.zookeeper, self.cluster_root, tls=self.tls, security=security)
+        elif self.storage_dirs and not self.zookeeper:
+            plans = plan_offline(
                 list(self.storage_dirs), replicas=self.replicas, high_water_marks=self.high_water_marks
             )
-        raise RebuildError(
-            "read the log from a live cluster (zookeeper and cluster root) or from storage directories"
-        )
+        else:
+            raise RebuildError(
+                "read the log from a live cluster (zookeeper and cluster root) or from storage directories"
+            )
+        # Here, not at the top: the data source's module, which this one's callers may not need.
+        from waltz.spark.archived import archive_cluster_problem
 
-    def _require_archive(self) -> None:
+        problem = None if archive is None else archive_cluster_problem(archive, plans)
+        if problem is not None:
+            raise RebuildError(
+                f"--archive {self.archive} {problem}; give the archive of the cluster the log is read from "
+                "(waltz archive status names it), or a copy of it; nothing was read"
+            )
+        return plans
+
+    def _require_archive(self) -> ArchiveManifest | None:
         """The archive given (``archive``, not ``off``) is one: a mistyped location would read as an
         archive that holds nothing, and the read fail in Spark asking for the archive it was given
-        (docs/design/spark.md, "Planning before Spark starts").
+        (docs/design/spark.md, "Planning before Spark starts"). Once the log is planned, the
+        archive must be its cluster's (:func:`~waltz.spark.archived.archive_cluster_problem`).
+
+        Returns:
+            The archive's ``archive.json``; None when no archive is given.
 
         Raises:
             RebuildError: the location holds no ``archive.json``.
             LocationError, ArchiveFormError, OSError: the location cannot be opened or read.
         """
         if not self.archive or self.archive == "off":
-            return
+            return None
         from waltz.archive.layout import ARCHIVE_MANIFEST, ArchiveFiles
         from waltz.archive.manifests import read_archive_manifest
 
         files = ArchiveFiles.open(self.archive)
-        if read_archive_manifest(files) is None:
+        manifest = read_archive_manifest(files)
+        if manifest is None:
             raise RebuildError(
                 f"--archive {self.archive} holds no archive (no {files.name(ARCHIVE_MANIFEST)}): give the "
                 "location the archiver writes to (waltz archive status names it), or a copy of it"
             )
+        return manifest
 
     def planned(self, progress: Progress = _quiet) -> LogSource:
         """This source with its plan made now, for a command to find a wrong cluster root, an

@@ -45,12 +45,19 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from waltz.archive.layout import ArchiveFiles
+from waltz.archive.manifests import read_archive_manifest
 from waltz.committed.reads import DEFAULT_BATCH_RECORDS, read_committed
 from waltz.committed.sources import CommittedPartition, LiveSource, OfflineSource
 from waltz.errors import ConfigurationError
 from waltz.protocol.channels import TlsConfig
 from waltz.services.storage import inspect
-from waltz.spark.archived import ARCHIVE_OFF, ArchivedRange, plan_archived, read_archived_range
+from waltz.spark.archived import (
+    ARCHIVE_OFF,
+    ArchivedRange,
+    archive_cluster_problem,
+    plan_archived,
+    read_archived_range,
+)
 from waltz.spark.errors import CommittedReadError
 
 __all__ = ["LOG_SCHEMA", "LogRange", "WaltzDataSource", "WaltzLogReader", "parse_marks", "tls_option"]
@@ -279,8 +286,8 @@ class WaltzLogReader(DataSourceReader):
             ConfigurationError: an option that is not of its form (named with its value):
                 ``partitions`` not partition IDs, ``range_size`` or ``batch_records`` not an
                 integer of at least 1, ``timeout`` not a finite number of seconds above 0, a
-                transaction ID or marks option not integers; or the source's options as
-                :meth:`plan` refuses them.
+                transaction ID or marks option not integers; the source's options as
+                :meth:`plan` refuses them; or an ``archive`` of another cluster.
             CommittedReadError: as :meth:`plan`, or ``up_to`` above what is proven committed.
         """
         options = self.options
@@ -294,7 +301,9 @@ class WaltzLogReader(DataSourceReader):
         after = parse_marks(options.get("after", ""), "after")
         ranges: list[InputPartition] = []
         archives: dict[str, ArchiveFiles] = {}
-        for committed in self.plan():
+        plans = self.plan()
+        self._require_cluster_archive(plans)
+        for committed in plans:
             pid = committed.partition_id
             last = committed.high_water_mark
             if pid in up_to:
@@ -328,6 +337,25 @@ class WaltzLogReader(DataSourceReader):
             # Spark needs at least one partition; an empty range reads nothing.
             ranges.append(LogRange(0, 0, -1, OfflineSource((), None)))
         return ranges
+
+    def _require_cluster_archive(self, plans: Sequence[CommittedPartition]) -> None:
+        """The archive the ``archive`` option names, if it holds one, is the archive of the log's
+        cluster (:func:`~waltz.spark.archived.archive_cluster_problem`): another cluster's chunks
+        would be read as this log's (docs/design/spark.md, "Archived ranges").
+
+        Raises:
+            ConfigurationError: it is another cluster's, or another partition count's.
+        """
+        given = self.options.get("archive")
+        if not given or given.lower() == ARCHIVE_OFF:
+            return
+        manifest = read_archive_manifest(ArchiveFiles.open(given))
+        problem = None if manifest is None else archive_cluster_problem(manifest, plans)
+        if problem is not None:
+            raise ConfigurationError(
+                f"option archive={given} {problem}; give the archive of the cluster the log is read from "
+                "(waltz archive status names it), or a copy of it"
+            )
 
     def _archive(self, committed: CommittedPartition) -> str | None:
         """The archive to read a partition's archived ranges from (None: the storage nodes only)."""
