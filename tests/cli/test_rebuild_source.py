@@ -152,3 +152,101 @@ def test_a_wrong_root_or_a_directory_without_a_log_is_refused_before_spark_start
     assert code == 2, output
     assert "waltz-storage.ctl" in output, output
     assert "starting Spark" not in output, output
+
+
+#: The views of an application whose entity has a ``Time`` column, which the rebuild cannot write.
+_TIME_APP = """
+import datetime as dt
+
+from sqlalchemy import BigInteger, Time
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from waltz.jdbc_style import EntityRegistry, WaltzEntity, migrations_api
+from waltz.spark.views import AppViews, apply_idempotency, entity_table, replay
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Shop(Base):
+    __tablename__ = "shops"
+    __waltz__ = WaltzEntity("test.shop")
+    shop_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    opens: Mapped[dt.time | None] = mapped_column(Time)
+
+
+ENTITIES = EntityRegistry([Shop])
+
+
+def build(changes, log):
+    return {"shops": entity_table(replay(apply_idempotency(changes)), ENTITIES, Shop)}
+
+
+def prepare(engine):
+    migrations_api.upgrade(engine)
+    Base.metadata.create_all(engine)
+
+
+VIEWS = AppViews("shops", tables=[Shop.__table__], prepare=prepare, build=build, entities=ENTITIES)
+"""
+
+
+def test_a_column_type_the_rebuild_cannot_write_is_refused_before_spark_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``Time`` column failed the rebuild with a traceback (exit 1) once the whole log was read."""
+    package = tmp_path / "waltz_test_time_app"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "views.py").write_text(_TIME_APP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "s0").mkdir()
+    result = CliRunner().invoke(
+        app,
+        [
+            "rebuild",
+            "--app",
+            "waltz_test_time_app",
+            "--storage-dir",
+            str(tmp_path / "s0"),
+            "--replicas",
+            "1",
+            "--db",
+            f"sqlite:///{tmp_path / 'shops.db'}",
+        ],
+        env=_ENV,
+    )
+    output = result.output
+    assert result.exit_code == 2, output
+    assert "error: " in output and "shops.opens" in output and "TIME" in output, output
+    assert "planning the log" not in output and "starting Spark" not in output, output
+
+
+def test_a_snapshot_that_is_not_there_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    """--from-snapshot naming no snapshot was refused only once Spark had started."""
+    code, output = _rebuild_into(
+        tmp_path, "--from-snapshot", str(tmp_path / "nonexistent"), "--storage-dir", str(tmp_path)
+    )
+    assert code == 2, output
+    assert f"error: {tmp_path / 'nonexistent'}" in output, output
+    assert "planning the log" not in output and "starting Spark" not in output, output
+
+
+def _rebuild_into(tmp_path: Path, *arguments: str) -> tuple[int, str]:
+    """A rebuild of the ledger into a SQLite database in ``tmp_path``."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "rebuild",
+            "--app",
+            "waltz_examples.ledger",
+            "--db",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            "--replicas",
+            "1",
+            *arguments,
+        ],
+        env=_ENV,
+    )
+    return result.exit_code, result.output

@@ -282,8 +282,16 @@ def rebuild_command(
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import rebuild
         from waltz.spark.session import require_jdbc_driver, spark_session
+        from waltz.spark.snapshot import read_manifest
+        from waltz.spark.views import require_writable_columns
 
         views = load_app(app)
+        if db is not None or verify_against is not None:
+            # Before the log is read: a column the rebuild cannot write failed it once read.
+            require_writable_columns(views)
+        if from_snapshot is not None:
+            # Before Spark starts: a snapshot that is not there is named in a second.
+            read_manifest(from_snapshot)
         # Named before Spark starts. Spark's Python workers were started with the JVM's
         # environment: the source names the ZooKeeper credential's and TLS files itself.
         source = log_source(

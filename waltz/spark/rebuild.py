@@ -33,7 +33,14 @@ from waltz.protocol.channels import TlsConfig
 from waltz.spark.decoders import decode_changes
 from waltz.spark.errors import CommittedReadError, RebuildError
 from waltz.spark.target import check_target, marks_text, write_views
-from waltz.spark.views import AppViews, caching_replays, change_check, checked_problems, idempotency_key_rows
+from waltz.spark.views import (
+    AppViews,
+    caching_replays,
+    change_check,
+    checked_problems,
+    idempotency_key_rows,
+    require_writable_columns,
+)
 
 __all__ = ["ComputedViews", "LogSource", "RebuildResult", "compute_views", "rebuild", "tail_transactions"]
 
@@ -332,10 +339,12 @@ def compute_views(
 
     Raises:
         CommittedReadError: a requested mark is above what is proven committed.
-        RebuildError: the application's views miss a table, or the snapshot is ahead of the log or
-            of what ``up_to`` asks for.
+        RebuildError: the application's views miss a table, an entity table has a column of a
+            type the rebuild cannot write (before the log is read), or the snapshot is ahead of
+            the log or of what ``up_to`` asks for.
         SnapshotError: the snapshot does not verify against its manifest.
     """
+    require_writable_columns(app)
     plans = source.plan_for(up_to, progress)
     marks = {p.partition_id: p.high_water_mark for p in plans}
     base = _snapshot_base(snapshot, marks, up_to, app, progress) if snapshot is not None else None

@@ -27,6 +27,7 @@ from waltz.jdbc_style.changeset import Operation, RowChange
 from waltz.jdbc_style.changeset_callbacks import partial_row_problem
 from waltz.jdbc_style.entities import EntityRegistry
 from waltz.spark.decoders import DecoderRegistry
+from waltz.spark.errors import RebuildError
 
 __all__ = [
     "SNAPSHOT_TRANSACTION_ID",
@@ -40,7 +41,9 @@ __all__ = [
     "idempotency_key_rows",
     "partial_row_problem",
     "replay",
+    "require_writable_columns",
     "spark_type",
+    "unwritable_columns",
 ]
 
 #: The ``partition_id`` and ``transaction_id`` of a snapshot's row entering the row changes of a
@@ -100,6 +103,41 @@ def spark_type(column_type: types.TypeEngine[Any]) -> str:
         if isinstance(column_type, kind):
             return name
     raise TypeError(f"no Spark type for the SQL type {column_type!r}")
+
+
+def unwritable_columns(app: AppViews) -> list[str]:
+    """The columns of the application's entity tables whose type the rebuild cannot cast the
+    log's values to (:func:`spark_type`), each as ``table.column (TYPE)``; empty when there are
+    none. The rebuild refuses such an application before it reads the log
+    (:func:`require_writable_columns`)."""
+    found = []
+    for info in app.entities or ():
+        table: Table = info.model.__table__
+        for column in table.columns:
+            try:
+                spark_type(column.type)
+            except TypeError:
+                found.append(f"{table.name}.{column.name} ({column.type})")
+    return found
+
+
+def require_writable_columns(app: AppViews) -> None:
+    """Refuse, before the log is read, an application whose entity tables have a column of a type
+    the rebuild cannot write (a ``Time``, a ``JSON``, an ``Interval``, ...), where the rebuild
+    failed once it had read the whole log (docs/design/spark.md, "Computing views").
+
+    Raises:
+        RebuildError: naming each such column and its type, and what to do.
+    """
+    found = unwritable_columns(app)
+    if found:
+        raise RebuildError(
+            f"the application {app.cluster_name!r} has entity columns whose type the rebuild cannot "
+            f"write: {', '.join(found)} (it writes booleans, integers, floats, decimals, dates, "
+            "datetimes, text, UUIDs and bytes); nothing was read or written: rebuild the table with a "
+            "view of your own (AppViews.build, not entity_table), or keep such a value in a column of "
+            "one of those types"
+        )
 
 
 def apply_idempotency(changes: Any) -> Any:
