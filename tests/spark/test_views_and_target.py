@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, inspect, select, text
+from sqlalchemy import BigInteger, Engine, Table, Uuid, insert, inspect, select, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import create_framework_engine
+from waltz.jdbc_style import EntityRegistry, WaltzEntity, create_framework_engine
+from waltz.jdbc_style import migrations_api as framework_migrations
 from waltz.jdbc_style.changeset import (
     CHANGE_SET_HEADER,
     ChangeSet,
@@ -34,10 +37,13 @@ from waltz.spark.errors import RebuildError
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
 from waltz.spark.views import (
+    AppViews,
+    apply_idempotency,
     caching_replays,
     change_check,
     change_problems,
     checked_problems,
+    entity_table,
     idempotency_key_rows,
     partial_row_problem,
     replay,
@@ -329,7 +335,9 @@ def test_the_jdbc_target_carries_tls_parameters_and_refuses_what_it_cannot_carry
     jdbc, props = jdbc_target(
         "postgresql+psycopg://app:secret@db.example:6432/ledger?sslmode=verify-full&sslrootcert=/etc/db-ca.pem"
     )
-    assert jdbc == "jdbc:postgresql://db.example:6432/ledger?reWriteBatchedInserts=true"
+    assert (
+        jdbc == "jdbc:postgresql://db.example:6432/ledger?reWriteBatchedInserts=true&stringtype=unspecified"
+    )
     assert props["sslmode"] == "verify-full" and props["sslrootcert"] == "/etc/db-ca.pem"
     assert (props["user"], props["password"]) == ("app", "secret")
     with pytest.raises(RebuildError, match=r"\['host'\] cannot be carried over"):
@@ -743,3 +751,94 @@ def test_a_ledger_log_with_split_records_is_applied_cached_and_rebuilt_as_withou
     assert keys == keys_without == applied_keys == {("req-1", 1, 2), ("req-2", 1, 3)}
     assert with_records[applied_transactions.name] == applied
     assert {(c, b) for c, b in with_records[Checking.__tablename__]} == balances
+
+
+# ---- column types: what the live apply stores, the rebuild stores; the drift check compares it ----
+
+
+class _TypesBase(DeclarativeBase):
+    pass
+
+
+class _Token(_TypesBase):
+    __tablename__ = "spark_tokens"
+    __waltz__ = WaltzEntity("test.token")
+
+    tok_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
+
+
+def _entity_views(model: type[Any]) -> AppViews:
+    """The views of one entity table, ``model``'s."""
+    registry = EntityRegistry([model])
+    table: Table = model.__table__  # type: ignore[attr-defined]
+
+    def build(changes: Any, log: Any) -> dict[str, Any]:
+        return {table.name: entity_table(replay(apply_idempotency(changes)), registry, model)}
+
+    def prepare(engine: Engine) -> None:
+        framework_migrations.upgrade(engine)
+        table.create(engine, checkfirst=True)
+
+    return AppViews("column-types", tables=[table], prepare=prepare, build=build, entities=registry)
+
+
+def _insert_log(spark: Any, entity: str, key: str, rows: list[dict[str, Any]]) -> Any:
+    """A log of one insert per row, in transactions 0, 1, ... of partition 0."""
+    entries = [
+        (
+            0,
+            i,
+            CHANGE_SET_HEADER,
+            7,
+            1,
+            0,
+            i,
+            ChangeSet([RowChange(Operation.INSERT, entity, {key: row[key]}, row)]).encode(),
+        )
+        for i, row in enumerate(rows)
+    ]
+    return spark.createDataFrame(entries, LOG_SCHEMA)
+
+
+def _stored(engine: Engine, table: Table) -> list[tuple[Any, ...]]:
+    """The table's rows as the database driver gives them (no SQLAlchemy type processing)."""
+    names = ", ".join(c.name for c in table.columns)
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(f"SELECT {names} FROM {table.name} ORDER BY 1"))]
+
+
+def _live_then_rebuilt(
+    spark: Any, url: str, model: type[Any], key: str, rows: list[dict[str, Any]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The rows stored by the live apply's insert of ``rows`` (``insert(model).values(...)``),
+    then those stored by a rebuild of a log of the same inserts."""
+    views = _entity_views(model)
+    table: Table = model.__table__
+    engine = create_framework_engine(url)
+    try:
+        views.prepare(engine)
+        with engine.begin() as conn:
+            for row in rows:
+                conn.execute(insert(model).values(**row))
+        live = _stored(engine, table)
+        assert len(live) == len(rows)
+        log = _insert_log(spark, model.__waltz__.lock_name, key, rows)
+        changes = decode_changes(log, views.decoders)
+        write_views(views.build(changes, log), views, url, {0: len(rows) - 1})
+        return live, _stored(engine, table)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_uuid_column_is_rebuilt_as_the_live_apply_stores_it(
+    spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
+) -> None:
+    """PostgreSQL refused the JDBC writer's text for a ``uuid`` column; SQLite, which keeps a UUID
+    as 32 hex digits, got the text with its dashes."""
+    token = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    rows = [{"tok_id": 1, "token": token}, {"tok_id": 2, "token": None}]
+    live, rebuilt = _live_then_rebuilt(spark, _target_url(request, tmp_path, backend), _Token, "tok_id", rows)
+    assert rebuilt == live
+    assert live[0][1] in (token, token.hex)

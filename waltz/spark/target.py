@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import re
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text
+from sqlalchemy import Engine, Table, column, delete, insert, inspect, select, text, types
 from sqlalchemy import table as table_clause
 from sqlalchemy.engine import Connection, make_url
 
@@ -94,7 +95,9 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
     Host, port, database, user and password are carried over, and on PostgreSQL the TLS
     parameters the JDBC driver knows by the same name (:data:`PG_JDBC_PARAMETERS`, e.g.
     ``?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem``). Any other query parameter is refused
-    rather than dropped: a rebuild must not connect differently from what the URL says. On MariaDB
+    rather than dropped: a rebuild must not connect differently from what the URL says. On
+    PostgreSQL text parameters are sent untyped (``stringtype=unspecified``), so that a ``uuid``
+    column takes the text the rebuild carries its values as. On MariaDB
     each connection adds ``STRICT_TRANS_TABLES`` and ``NO_AUTO_VALUE_ON_ZERO`` to the server's
     ``sql_mode``, as the framework's own connections do (docs/design/sql.md "Change-sets"), so the
     rebuild writes the values the live applies write.
@@ -118,7 +121,9 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
         props["password"] = str(url.password)
     if backend == "postgresql":
         address = f"{url.host or '127.0.0.1'}:{url.port or 5432}"
-        jdbc = f"jdbc:postgresql://{address}/{url.database}?reWriteBatchedInserts=true"
+        # Text parameters go untyped, so PostgreSQL reads each as its column's type, as it reads the
+        # live apply's values: a UUID's text into a uuid column.
+        jdbc = f"jdbc:postgresql://{address}/{url.database}?reWriteBatchedInserts=true&stringtype=unspecified"
         props["driver"] = "org.postgresql.Driver"
     elif backend in ("mysql", "mariadb"):
         address = f"{url.host or '127.0.0.1'}:{url.port or 3306}"
@@ -242,10 +247,16 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
         return -1
     count = 0
     target = table_clause(staging, *(column(name) for name in names))
+    converters = [_sqlite_value(c.type) for c in table.columns]
     batch: list[dict[str, Any]] = []
     with engine.begin() as conn:
         for row in spark_df.select(*names).toLocalIterator():
-            batch.append(dict(zip(names, row, strict=True)))
+            batch.append(
+                {
+                    name: value if convert is None or value is None else convert(value)
+                    for name, value, convert in zip(names, row, converters, strict=True)
+                }
+            )
             if len(batch) >= WRITE_BATCH:
                 conn.execute(insert(target), batch)
                 count += len(batch)
@@ -254,6 +265,24 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
             conn.execute(insert(target), batch)
             count += len(batch)
     return count
+
+
+def _sqlite_value(column_type: types.TypeEngine[Any]) -> Callable[[Any], Any] | None:
+    """What turns a rebuilt value of a column of ``column_type`` into the value SQLite stores for
+    the live apply's (SQLAlchemy's own conversion on SQLite), or None when it is stored as it is:
+    a ``Uuid``'s text as its 32 hex digits."""
+    if isinstance(column_type, types.Uuid):
+        return _uuid_hex
+    return None
+
+
+def _uuid_hex(value: Any) -> str:
+    """A UUID's text as SQLAlchemy keeps it on SQLite: 32 hex digits (text that is no UUID loses
+    its dashes, as SQLAlchemy's ``Uuid(as_uuid=False)`` writes it)."""
+    try:
+        return uuid.UUID(str(value)).hex
+    except ValueError:
+        return str(value).replace("-", "")
 
 
 def check_target(app: AppViews, db_url: str, *, create: bool = True) -> bool:
