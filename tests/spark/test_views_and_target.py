@@ -9,6 +9,7 @@ records of a partition split among them, are rebuilt as the live apply applies t
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import uuid
 from typing import Any
@@ -842,3 +843,121 @@ def test_a_uuid_column_is_rebuilt_as_the_live_apply_stores_it(
     live, rebuilt = _live_then_rebuilt(spark, _target_url(request, tmp_path, backend), _Token, "tok_id", rows)
     assert rebuilt == live
     assert live[0][1] in (token, token.hex)
+
+
+#: Rebuilds and drift-checks a table of naive and aware timestamps in a process whose zone (and
+#: its Spark JVM's) is the one ``TZ`` names: prints each database's drift counts as JSON.
+_ZONE_SCRIPT = """
+import datetime as dt, json, sys
+from sqlalchemy import BigInteger, DateTime, insert
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from waltz.jdbc_style import EntityRegistry, WaltzEntity, create_framework_engine, migrations_api
+from waltz.jdbc_style.changeset import CHANGE_SET_HEADER, ChangeSet, Operation, RowChange
+from waltz.spark.decoders import decode_changes
+from waltz.spark.drift import compare_table
+from waltz.spark.live_tables import live_snapshot
+from waltz.spark.session import spark_session
+from waltz.spark.source import LOG_SCHEMA
+from waltz.spark.target import write_views
+from waltz.spark.views import AppViews, apply_idempotency, entity_table, replay
+
+class Base(DeclarativeBase):
+    pass
+
+class Stamp(Base):
+    __tablename__ = "spark_stamps"
+    __waltz__ = WaltzEntity("test.stamp")
+    stamp_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    local: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    stamped: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+ENTITIES = EntityRegistry([Stamp])
+
+def build(changes, log):
+    return {"spark_stamps": entity_table(replay(apply_idempotency(changes)), ENTITIES, Stamp)}
+
+def prepare(engine):
+    migrations_api.upgrade(engine)
+    Base.metadata.create_all(engine)
+
+VIEWS = AppViews("zones", tables=[Stamp.__table__], prepare=prepare, build=build, entities=ENTITIES)
+rows = [
+    {"stamp_id": i, "local": dt.datetime.fromisoformat(local), "stamped": dt.datetime.fromisoformat(stamped)}
+    for i, (local, stamped) in enumerate(json.loads(sys.argv[1]))
+]
+spark = spark_session("local[1]", app_name="zones", shuffle_partitions=1)
+spark.sparkContext.setLogLevel("ERROR")
+def change(row):
+    return ChangeSet([RowChange(Operation.INSERT, "test.stamp", {"stamp_id": row["stamp_id"]}, row)]).encode()
+
+entries = [(0, i, CHANGE_SET_HEADER, 7, 1, 0, i, change(r)) for i, r in enumerate(rows)]
+log = spark.createDataFrame(entries, LOG_SCHEMA)
+found = {}
+for url in sys.argv[2:]:
+    engine = create_framework_engine(url)
+    prepare(engine)
+    with engine.begin() as conn:
+        for row in rows:
+            conn.execute(insert(Stamp).values(**row))  # what the live apply does
+    engine.dispose()
+    views = build(decode_changes(log, VIEWS.decoders), log)
+    table = Stamp.__table__
+    with live_snapshot(spark, url, [table], "zones") as live:
+        rebuilt = views["spark_stamps"]
+        drift = compare_table(spark, table, rebuilt, live.frame(spark, table, rebuilt.schema))
+    write_views(views, VIEWS, url, {0: len(rows) - 1})
+    found[url] = [drift.missing, drift.extra, drift.different, list(drift.examples)]
+print(json.dumps(found))
+spark.stop()
+"""
+
+
+def test_timestamps_are_rebuilt_and_compared_whatever_the_machine_s_zone(
+    tmp_path: Any, postgres_url: str
+) -> None:
+    """In Berlin, naive timestamps were rebuilt an hour or two late (the Spark JVM's zone drove the
+    JDBC writes, Python's the SQLite writes), and the drift check then found the live database,
+    which held the right values, different: rebuilt in a process, and its JVM, in that zone, the
+    values are the live apply's and the check finds no drift."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    values = [
+        ("2026-01-02T03:04:05", "2026-01-02T03:04:05+00:00"),
+        ("2026-07-02T03:04:05.250000", "2026-07-02T23:30:00+00:00"),
+        ("2026-03-29T02:30:00", "2026-03-29T01:30:00+00:00"),  # 02:30 never happens in Berlin that day
+    ]
+    sqlite_url = f"sqlite:///{tmp_path / 'zones.db'}"
+    env = {**os.environ, "TZ": "Europe/Berlin"}
+    done = subprocess.run(
+        [sys.executable, "-c", _ZONE_SCRIPT, json.dumps(values), sqlite_url, postgres_url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {sqlite_url: [0, 0, 0, []], postgres_url: [0, 0, 0, []]}, found
+    naive = [dt.datetime.fromisoformat(local) for local, _ in values]
+    aware = [dt.datetime.fromisoformat(stamped) for _, stamped in values]
+    columns = "stamp_id, local, stamped"
+    for url in (sqlite_url, postgres_url):
+        engine = create_framework_engine(url)
+        try:
+            with engine.connect() as conn:
+                stored = [
+                    tuple(r) for r in conn.execute(text(f"SELECT {columns} FROM spark_stamps ORDER BY 1"))
+                ]
+        finally:
+            engine.dispose()
+        if url == sqlite_url:  # text: the naive values, and the aware ones as UTC wall-clock times
+            stored = [(i, dt.datetime.fromisoformat(n), dt.datetime.fromisoformat(a)) for i, n, a in stored]
+            assert stored == [
+                (i, n, a.replace(tzinfo=None)) for i, (n, a) in enumerate(zip(naive, aware, strict=True))
+            ]
+        else:
+            assert stored == [(i, n, a) for i, (n, a) in enumerate(zip(naive, aware, strict=True))]

@@ -23,8 +23,9 @@ exactly those marks, without bringing the rows to the driver (except on SQLite):
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,13 +77,39 @@ class LiveSnapshot:
 
         frame = self._frames.get(table.name)
         if frame is None:
-            return spark.createDataFrame(self._rows.get(table.name, []), schema=schema)
+            convert = [_spark_value(f.dataType) for f in schema.fields]
+            rows = [
+                tuple(v if c is None or v is None else c(v) for v, c in zip(row, convert, strict=True))
+                for row in self._rows.get(table.name, [])
+            ]
+            return spark.createDataFrame(rows, schema=schema)
         return frame.select(*[F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])
 
     def release(self) -> None:
         """Drop what Spark keeps of the live tables (MariaDB)."""
         for frame in self._frames.values():
             frame.unpersist()
+
+
+def _spark_value(data_type: Any) -> Callable[[Any], Any] | None:
+    """What turns a value SQLAlchemy read from SQLite into one of a Spark field of ``data_type``,
+    or None when it is one already: a naive datetime (SQLite keeps UTC) into an aware one, which
+    Spark takes whatever the driver's zone (a naive one it would take as the driver's local
+    time); a UUID, a number or a time into its text."""
+    from pyspark.sql.types import StringType, TimestampType
+
+    if isinstance(data_type, TimestampType):
+        return _utc
+    if isinstance(data_type, StringType):
+        return str
+    return None
+
+
+def _utc(value: Any) -> Any:
+    """A naive datetime as the UTC time it is; anything else as it is."""
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 def live_query(engine: Engine, table: Table, cluster_name: str, *, only_log: bool) -> str:

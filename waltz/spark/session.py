@@ -7,7 +7,9 @@ Source: ``docs/spark.md`` ("``waltz rebuild``": ``local[*]`` by default, any mas
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterator
@@ -17,12 +19,15 @@ from typing import Any
 
 from waltz.spark.errors import SparkUnavailableError
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "DEFAULT_JDBC_DIR",
     "JDBC_DIR_ENV",
     "JDBC_DRIVERS",
     "JDBC_JARS",
     "QUIET_LOG4J",
+    "UTC_JVM_OPTION",
     "JdbcDriver",
     "is_local_master",
     "jdbc_dir",
@@ -76,6 +81,12 @@ JDBC_JARS = tuple(str(Path(DEFAULT_JDBC_DIR) / d.jar) for d in dict.fromkeys(JDB
 #: notices, Hadoop's native-library warning and a failed task's traceback logged before the job's
 #: failure carries it (docs/spark.md, its opening).
 QUIET_LOG4J = Path(__file__).with_name("log4j2-quiet.properties")
+
+#: The JVM option that makes UTC the default time zone of Spark's driver and executors.
+UTC_JVM_OPTION = "-Duser.timezone=UTC"
+
+#: The Spark settings that carry :data:`UTC_JVM_OPTION` to the driver's and the executors' JVMs.
+_JAVA_OPTIONS = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 #: The environment variable log4j 2 reads its configuration file from (a ``-Dlog4j2.configurationFile``
 #: system property, as in ``spark.driver.extraJavaOptions``, takes precedence over it).
@@ -179,8 +190,15 @@ def spark_session(
     ``SPARK_LOCAL_IP`` is set), and ``PYSPARK_PYTHON`` set to this interpreter so workers import
     waltz. For any other master it sets none of these: the cluster's executors must reach the
     driver, and run a Python with waltz-py installed (``PYSPARK_PYTHON`` on the executors, as
-    Spark documents). Always: no UI, no Python data source filter pushdown, and the JDBC drivers'
-    jars that exist in :func:`jdbc_dir` (``spark.jars``, shipped to the executors).
+    Spark documents). Always: no UI, no Python data source filter pushdown, the JDBC drivers'
+    jars that exist in :func:`jdbc_dir` (``spark.jars``, shipped to the executors), and UTC as the
+    time zone of the SQL session and of the driver's and executors' JVMs
+    (:data:`UTC_JVM_OPTION` after the ``spark.driver.extraJavaOptions`` and
+    ``spark.executor.extraJavaOptions`` that ``spark-defaults.conf`` gives): the JDBC drivers
+    convert timestamps in the JVM's zone, and a naive timestamp written or read in another one
+    moves (docs/design/spark.md, "Swapping tables with the marks"). A warning is logged when the
+    session's settings lack it (a session made before, or ``PYSPARK_SUBMIT_ARGS`` giving Java
+    options of its own).
 
     Args:
         master: the Spark master URL (default ``local[*]``).
@@ -238,6 +256,8 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(shuffle))
         .config("spark.sql.session.timeZone", "UTC")
     )
+    for key in _JAVA_OPTIONS:
+        builder = builder.config(key, _with_utc(_spark_defaults().get(key, "")))
     if local:
         builder = builder.config("spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
     if jars:
@@ -254,8 +274,65 @@ def spark_session(
             f"why (java: {shutil.which('java') or 'not on PATH'}, "
             f"JAVA_HOME: {java_home or 'not set'})"
         ) from e
+    _warn_unless_utc(spark)
     register(spark)
     return spark
+
+
+def _with_utc(options: str) -> str:
+    """Java options, as given, with :data:`UTC_JVM_OPTION` after them (the last
+    ``-Duser.timezone`` wins)."""
+    return f"{options.strip()} {UTC_JVM_OPTION}".strip()
+
+
+def _warn_unless_utc(spark: Any) -> None:
+    """Log a warning when the session's JVMs were not given :data:`UTC_JVM_OPTION` (a session made
+    before, or ``PYSPARK_SUBMIT_ARGS`` giving Java options of its own): their time zone then
+    shifts naive timestamps in JDBC writes and reads."""
+    conf = spark.sparkContext.getConf()
+    missing = [key for key in _JAVA_OPTIONS if UTC_JVM_OPTION not in (conf.get(key) or "").split()]
+    if missing:
+        log.warning(
+            "the Spark session's %s lack %s: a JVM in another time zone shifts naive timestamps written "
+            "to or read from a database; add it (docs/spark.md, the `waltz rebuild` section)",
+            " and ".join(missing),
+            UTC_JVM_OPTION,
+        )
+
+
+def _spark_conf_dir() -> Path:
+    """Spark's configuration directory, as its launch scripts choose it: ``SPARK_CONF_DIR``, else
+    ``SPARK_HOME/conf``, else the installed PySpark's ``conf``."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if not conf_dir:
+        home = os.environ.get("SPARK_HOME")
+        if not home:
+            import pyspark
+
+            home = os.path.dirname(pyspark.__file__)
+        conf_dir = os.path.join(home, "conf")
+    return Path(conf_dir)
+
+
+def _spark_defaults() -> dict[str, str]:
+    """The settings of ``spark-defaults.conf`` in :func:`_spark_conf_dir` (none when it is absent
+    or unreadable): a setting this module gives replaces the file's, so it keeps the file's own
+    Java options beside :data:`UTC_JVM_OPTION`."""
+    try:
+        lines = (_spark_conf_dir() / "spark-defaults.conf").read_text().splitlines()
+    except OSError:
+        return {}
+    settings: dict[str, str] = {}
+    for line in lines:
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "!")):
+            continue
+        found = re.match(r"(\S+?)(?:\s*[=:]\s*|\s+)(.*)$", stripped)
+        if found is None:
+            settings[stripped] = ""
+        else:
+            settings[found.group(1)] = found.group(2).strip()
+    return settings
 
 
 @contextlib.contextmanager
@@ -277,15 +354,7 @@ def _spark_conf_configures_log4j() -> bool:
     """Whether Spark's configuration directory (on the JVM's classpath) holds a log4j 2 file of
     the operator's: ``SPARK_CONF_DIR``, else ``SPARK_HOME/conf``, else the installed PySpark's
     ``conf``, as Spark's launch scripts choose it (its ``*.template`` files are not)."""
-    conf_dir = os.environ.get("SPARK_CONF_DIR")
-    if not conf_dir:
-        home = os.environ.get("SPARK_HOME")
-        if not home:
-            import pyspark
-
-            home = os.path.dirname(pyspark.__file__)
-        conf_dir = os.path.join(home, "conf")
-    return any((Path(conf_dir) / name).is_file() for name in _LOG4J_FILES)
+    return any((_spark_conf_dir() / name).is_file() for name in _LOG4J_FILES)
 
 
 def is_local_master(master: str) -> bool:

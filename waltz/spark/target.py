@@ -250,7 +250,7 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
     converters = [_sqlite_value(c.type) for c in table.columns]
     batch: list[dict[str, Any]] = []
     with engine.begin() as conn:
-        for row in spark_df.select(*names).toLocalIterator():
+        for row in _driver_rows(spark_df.select(*names)).toLocalIterator():
             batch.append(
                 {
                     name: value if convert is None or value is None else convert(value)
@@ -265,6 +265,24 @@ def _write_rows(spark_df: Any, engine: Engine, backend: str, db_url: str, table:
             conn.execute(insert(target), batch)
             count += len(batch)
     return count
+
+
+def _driver_rows(frame: Any) -> Any:
+    """``frame`` with its ``timestamp`` columns as ``timestamp_ntz`` in UTC (the session's zone):
+    handed to Python, a ``timestamp`` becomes the local time of the driver's zone, a
+    ``timestamp_ntz`` the time it holds, whatever the machine's zone (docs/design/spark.md,
+    "Swapping tables with the marks")."""
+    from pyspark.sql import functions as F  # noqa: N812 - the PySpark convention
+    from pyspark.sql.types import TimestampType
+
+    return frame.select(
+        *[
+            F.col(f.name).cast("timestamp_ntz").alias(f.name)
+            if isinstance(f.dataType, TimestampType)
+            else F.col(f.name)
+            for f in frame.schema.fields
+        ]
+    )
 
 
 def _sqlite_value(column_type: types.TypeEngine[Any]) -> Callable[[Any], Any] | None:
