@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import decimal
 import json
 import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import BigInteger, Engine, Table, Uuid, insert, inspect, select, text
+from sqlalchemy import BigInteger, Engine, Table, Uuid, insert, inspect, select, text, update
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.client.transaction import Transaction
@@ -769,6 +770,14 @@ class _Token(_TypesBase):
     token: Mapped[uuid.UUID | None] = mapped_column(Uuid)
 
 
+class _Amount(_TypesBase):
+    __tablename__ = "spark_amounts"
+    __waltz__ = WaltzEntity("test.amount")
+
+    amount_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    amount: Mapped[decimal.Decimal | None]  # Numeric(): neither precision nor scale
+
+
 def _entity_views(model: type[Any]) -> AppViews:
     """The views of one entity table, ``model``'s."""
     registry = EntityRegistry([model])
@@ -843,6 +852,71 @@ def test_a_uuid_column_is_rebuilt_as_the_live_apply_stores_it(
     live, rebuilt = _live_then_rebuilt(spark, _target_url(request, tmp_path, backend), _Token, "tok_id", rows)
     assert rebuilt == live
     assert live[0][1] in (token, token.hex)
+
+
+#: Values of a ``Numeric()`` column: 15 decimals, 30 integer digits, an exponent, none.
+_AMOUNTS = [
+    decimal.Decimal("0.123456789012345"),
+    decimal.Decimal("123456789012345678901234567890.5"),
+    decimal.Decimal("1E-7"),
+    None,
+]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_numeric_column_without_a_scale_is_rebuilt_exactly(
+    spark: Any, request: pytest.FixtureRequest, tmp_path: Any, backend: str
+) -> None:
+    """The rebuild cast such a column to decimal(38,10): 0.123456789012345 was stored as
+    0.1234567890, and a value of more than 28 integer digits failed the job."""
+    rows = [{"amount_id": i, "amount": amount} for i, amount in enumerate(_AMOUNTS)]
+    live, rebuilt = _live_then_rebuilt(
+        spark, _target_url(request, tmp_path, backend), _Amount, "amount_id", rows
+    )
+    assert rebuilt == live
+    if backend == "postgresql":
+        assert [amount for _, amount in rebuilt] == _AMOUNTS
+        assert str(rebuilt[0][1]) == "0.123456789012345"
+
+
+@pytest.mark.parametrize("backend", ["postgresql", "mariadb"])
+def test_a_numeric_column_without_a_scale_is_compared_at_the_live_column_s_precision(
+    spark: Any, request: pytest.FixtureRequest, backend: str
+) -> None:
+    """A difference at the 11th decimal is drift (the check cast the live values to the rebuilt
+    decimal(38,10)); on MariaDB, whose NUMERIC keeps no decimals, what the live apply rounded
+    is not."""
+    from waltz.spark.drift import compare_table
+    from waltz.spark.live_tables import live_snapshot
+
+    url = str(request.getfixturevalue("postgres_url" if backend == "postgresql" else "mariadb_url"))
+    amounts = (
+        _AMOUNTS
+        if backend == "postgresql"
+        else [decimal.Decimal("0.123456789012345"), decimal.Decimal("2.5")]
+    )
+    rows = [{"amount_id": i, "amount": amount} for i, amount in enumerate(amounts)]
+    views = _entity_views(_Amount)
+    table: Table = _Amount.__table__  # type: ignore[attr-defined]
+    edited = decimal.Decimal("0.123456789049999") if backend == "postgresql" else decimal.Decimal(7)
+    engine = create_framework_engine(url)
+    try:
+        views.prepare(engine)
+        with engine.begin() as conn:
+            for row in rows:
+                conn.execute(insert(_Amount).values(**row))
+            conn.execute(update(table).where(table.c.amount_id == 0).values(amount=edited))
+    finally:
+        engine.dispose()
+    log = _insert_log(spark, "test.amount", "amount_id", rows)
+    rebuilt = views.build(decode_changes(log, views.decoders), log)[table.name]
+    with live_snapshot(spark, url, [table], views.cluster_name) as live:
+        drift = compare_table(
+            spark, table, rebuilt, live.frame(spark, table, rebuilt.schema), live.decimal_precision(table)
+        )
+    assert (drift.missing, drift.extra, drift.different) == (0, 0, 1), drift
+    (example,) = drift.examples
+    assert "{'amount_id': 0}" in example and str(edited) in example, example
 
 
 #: Rebuilds and drift-checks a table of naive and aware timestamps in a process whose zone (and

@@ -19,10 +19,10 @@ from sqlalchemy.engine import Connection
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.jdbc_style.schema import idempotency_keys
-from waltz.spark.live_tables import live_snapshot
+from waltz.spark.live_tables import DECIMAL_EXACT, live_snapshot
 from waltz.spark.rebuild import LogSource, compute_views
 from waltz.spark.target import backend_of, marks_text, write_views
-from waltz.spark.views import AppViews
+from waltz.spark.views import AppViews, carries_decimal_text, compared_decimal
 
 __all__ = [
     "DRIFT_EXAMPLES",
@@ -142,12 +142,22 @@ def _live_rows(conn: Connection, table: Table, cluster_name: str) -> list[tuple[
     return [tuple(r) for r in conn.execute(query)]
 
 
-def compare_table(spark: Any, table: Table, rebuilt: Any, live_rows: Any) -> TableDrift:
+def compare_table(
+    spark: Any,
+    table: Table,
+    rebuilt: Any,
+    live_rows: Any,
+    decimal_precision: Mapping[str, str] | None = None,
+) -> TableDrift:
     """Compare a rebuilt table with a live table, by primary key, in Spark.
 
     A full outer join on the key tags each row missing, extra or different; only the tagged rows
     are kept (on the executors), counted per kind, and at most :data:`DRIFT_EXAMPLES` of each kind
-    reach the driver.
+    reach the driver. A column the rebuild carries as decimal text
+    (:func:`waltz.spark.views.carries_decimal_text`) is compared as a number at the live column's
+    own precision (:func:`waltz.spark.views.compared_decimal`; docs/design/spark.md, "Drift
+    check"): a difference the live column keeps is drift, a rounding the live column made of
+    the log's value (MariaDB's ``NUMERIC`` keeps no decimals) is not.
 
     Args:
         spark: the Spark session.
@@ -155,6 +165,9 @@ def compare_table(spark: Any, table: Table, rebuilt: Any, live_rows: Any) -> Tab
         rebuilt: the log's view of the table (a DataFrame with at least its columns).
         live_rows: the live table: a DataFrame with its columns (cast to the rebuilt types), or
             its rows in column order.
+        decimal_precision: column name -> the precision the live database keeps a decimal-text
+            column at (:meth:`waltz.spark.live_tables.LiveSnapshot.decimal_precision`); a
+            column not named is compared exactly.
 
     Returns:
         The counts of missing, extra and different rows with a few examples.
@@ -170,6 +183,22 @@ def compare_table(spark: Any, table: Table, rebuilt: Any, live_rows: Any) -> Tab
         )
     else:
         live = spark.createDataFrame(live_rows, schema=rebuilt.schema)
+    decimals = [c.name for c in table.columns if carries_decimal_text(c.type)]
+    if decimals:
+        precision = decimal_precision or {}
+        compared = F.udf(compared_decimal, "STRING", useArrow=False)
+
+        def at_precision(frame: Any) -> Any:
+            return frame.select(
+                *[
+                    compared(F.col(n).cast("string"), F.lit(precision.get(n, DECIMAL_EXACT))).alias(n)
+                    if n in decimals
+                    else F.col(n)
+                    for n in names
+                ]
+            )
+
+        rebuilt, live = at_precision(rebuilt), at_precision(live)
     keys = [c.name for c in table.primary_key.columns] or names
     values = [n for n in names if n not in keys]
     r = rebuilt.select(*[F.col(n).alias(f"r_{n}") for n in names], F.lit(True).alias("r_present"))
@@ -274,7 +303,9 @@ def verify(
             tables = []
             for table in compared:
                 frame = rebuilt[table.name].select(*[c.name for c in table.columns])
-                drift = compare_table(spark, table, frame, live.frame(spark, table, frame.schema))
+                drift = compare_table(
+                    spark, table, frame, live.frame(spark, table, frame.schema), live.decimal_precision(table)
+                )
                 progress(
                     f"compared {table.name}: {drift.missing} missing, {drift.extra} extra, "
                     f"{drift.different} different"

@@ -30,15 +30,25 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Table, inspect, select, text
+from sqlalchemy import String, Table, cast, inspect, select, text, type_coerce, types
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.types import NullType
 
 from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks
 from waltz.spark.errors import RebuildError
 from waltz.spark.target import backend_of, jdbc_target, marks_text
+from waltz.spark.views import carries_decimal_text
 
-__all__ = ["JDBC_FETCH_SIZE", "MARIADB_ATTEMPTS", "LiveSnapshot", "live_query", "live_snapshot"]
+__all__ = [
+    "DECIMAL_DOUBLE",
+    "DECIMAL_EXACT",
+    "JDBC_FETCH_SIZE",
+    "MARIADB_ATTEMPTS",
+    "LiveSnapshot",
+    "live_query",
+    "live_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,11 @@ log = logging.getLogger(__name__)
 JDBC_FETCH_SIZE = 10_000
 #: Reads of a MariaDB live database before giving up when its marks keep moving.
 MARIADB_ATTEMPTS = 3
+
+#: The precision of a live column that keeps any decimal exactly (PostgreSQL's ``numeric``).
+DECIMAL_EXACT = "exact"
+#: The precision of a live column that keeps a decimal as a binary float (SQLite's ``REAL``).
+DECIMAL_DOUBLE = "double"
 
 
 @dataclass
@@ -61,6 +76,19 @@ class LiveSnapshot:
     backend: str
     _frames: dict[str, Any] = field(default_factory=dict)
     _rows: dict[str, list[tuple[Any, ...]]] = field(default_factory=dict)
+    _precisions: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def decimal_precision(self, table: Table) -> dict[str, str]:
+        """How the live database keeps each column of ``table`` whose values the rebuild carries
+        as decimal text (:func:`waltz.spark.views.carries_decimal_text`): :data:`DECIMAL_EXACT`,
+        :data:`DECIMAL_DOUBLE`, or the column's scale as digits (MariaDB's ``NUMERIC`` is
+        ``DECIMAL(10,0)``: ``"0"``). The drift check compares such a column at that precision
+        (docs/design/spark.md, "Drift check").
+
+        Returns:
+            Column name -> precision; empty when the table has no such column or is missing.
+        """
+        return dict(self._precisions.get(table.name, {}))
 
     def frame(self, spark: Any, table: Table, schema: Any) -> Any:
         """The live rows of ``table`` as a DataFrame with ``schema`` (the rebuilt table's).
@@ -95,7 +123,8 @@ def _spark_value(data_type: Any) -> Callable[[Any], Any] | None:
     """What turns a value SQLAlchemy read from SQLite into one of a Spark field of ``data_type``,
     or None when it is one already: a naive datetime (SQLite keeps UTC) into an aware one, which
     Spark takes whatever the driver's zone (a naive one it would take as the driver's local
-    time); a UUID, a number or a time into its text."""
+    time); a UUID, a number or a time into its text (a decimal column the rebuild carries as
+    text, read as the float SQLite keeps)."""
     from pyspark.sql.types import StringType, TimestampType
 
     if isinstance(data_type, TimestampType):
@@ -112,8 +141,16 @@ def _utc(value: Any) -> Any:
     return value
 
 
+def _selected(table: Table) -> list[Any]:
+    """The columns of ``table`` as a live read selects them: a column the rebuild carries as
+    decimal text (:func:`waltz.spark.views.carries_decimal_text`) as the database's own text of
+    its value, exact, where a JDBC read would round it to Spark's ``decimal(38,18)``."""
+    return [cast(c, String).label(c.name) if carries_decimal_text(c.type) else c for c in table.columns]
+
+
 def live_query(engine: Engine, table: Table, cluster_name: str, *, only_log: bool) -> str:
-    """The ``SELECT`` of ``table``'s columns in the live database's SQL, as a JDBC ``dbtable``.
+    """The ``SELECT`` of ``table``'s columns in the live database's SQL, as a JDBC ``dbtable``;
+    a column the rebuild carries as decimal text is selected as text.
 
     Args:
         engine: the live database (its dialect quotes the names).
@@ -121,7 +158,7 @@ def live_query(engine: Engine, table: Table, cluster_name: str, *, only_log: boo
         cluster_name: the log's name.
         only_log: keep the rows of this log only (a ``cluster_name`` column equal to it).
     """
-    query = select(*table.columns)
+    query = select(*_selected(table))
     if only_log:
         query = query.where(table.c.cluster_name == cluster_name)
     sql = str(query.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
@@ -135,6 +172,31 @@ def _among(table: Table, tables: Sequence[Table]) -> bool:
 def _existing(conn: Connection, tables: Sequence[Table]) -> list[Table]:
     names = set(inspect(conn).get_table_names())
     return [t for t in tables if t.name in names]
+
+
+def _precisions(conn: Connection, backend: str, tables: Sequence[Table]) -> dict[str, dict[str, str]]:
+    """Per table, the precision the live database keeps each decimal-text column at (see
+    :meth:`LiveSnapshot.decimal_precision`), from its own column types."""
+    inspector = inspect(conn)
+    found: dict[str, dict[str, str]] = {}
+    for table in tables:
+        wanted = {c.name for c in table.columns if carries_decimal_text(c.type)}
+        if not wanted:
+            continue
+        found[table.name] = {
+            str(c["name"]): _precision(backend, c["type"])
+            for c in inspector.get_columns(table.name)
+            if c["name"] in wanted
+        }
+    return found
+
+
+def _precision(backend: str, column_type: Any) -> str:
+    """The precision a live column of ``column_type`` keeps a decimal at."""
+    if backend == "sqlite" or isinstance(column_type, types.Float):
+        return DECIMAL_DOUBLE
+    scale = getattr(column_type, "scale", None)
+    return DECIMAL_EXACT if scale is None else str(int(scale))
 
 
 def _jdbc_reader(spark: Any, live_url: str, init_statement: str | None) -> Any:
@@ -206,6 +268,7 @@ def _postgresql(
         snapshot_id = str(conn.execute(text("SELECT pg_export_snapshot()")).scalar_one())
         marks = HighWaterMarks(cluster_name).read_all(conn)
         existing = _existing(conn, tables)
+        precisions = _precisions(conn, "postgresql", existing)
         # Each executor's connection runs without autocommit (the fetch size asks for it), so this
         # begins its transaction, on the driver's snapshot.
         init = (
@@ -220,7 +283,7 @@ def _postgresql(
             for t in existing
         }
         log.info("live PostgreSQL snapshot %s at marks %s", snapshot_id, marks_text(marks))
-        yield LiveSnapshot(marks, "postgresql", frames)
+        yield LiveSnapshot(marks, "postgresql", frames, _precisions=precisions)
 
 
 def _mariadb(
@@ -239,6 +302,7 @@ def _mariadb(
         with engine.connect() as conn:
             before = HighWaterMarks(cluster_name).read_all(conn)
             existing = _existing(conn, tables)
+            precisions = _precisions(conn, "mariadb", existing)
         frames: dict[str, Any] = {}
         for t in existing:
             query = live_query(engine, t, cluster_name, only_log=_among(t, only_log))
@@ -247,7 +311,7 @@ def _mariadb(
         with engine.connect() as conn:
             after = HighWaterMarks(cluster_name).read_all(conn)
         if after == before:
-            return LiveSnapshot(before, "mariadb", frames)
+            return LiveSnapshot(before, "mariadb", frames, _precisions=precisions)
         for frame in frames.values():
             frame.unpersist()
         seen.append(f"{marks_text(before)} -> {marks_text(after)}")
@@ -265,9 +329,14 @@ def _sqlite(
     with engine.connect() as conn, conn.begin():
         marks = HighWaterMarks(cluster_name).read_all(conn)
         rows: dict[str, list[tuple[Any, ...]]] = {}
-        for t in _existing(conn, tables):
-            query = select(*t.columns)
+        existing = _existing(conn, tables)
+        for t in existing:
+            # A decimal-text column as SQLite keeps it (a float), not rounded to 10 decimals by
+            # SQLAlchemy's Numeric.
+            columns = [type_coerce(c, NullType()) if carries_decimal_text(c.type) else c for c in t.columns]
+            query = select(*columns)
             if _among(t, only_log):
                 query = query.where(t.c.cluster_name == cluster_name)
             rows[t.name] = [tuple(r) for r in conn.execute(query)]
-    return LiveSnapshot(marks, "sqlite", _rows=rows)
+        precisions = _precisions(conn, "sqlite", existing)
+    return LiveSnapshot(marks, "sqlite", _rows=rows, _precisions=precisions)

@@ -18,6 +18,7 @@ tables; a rerun gives the same tables.
 
 from __future__ import annotations
 
+import decimal
 import logging
 import re
 import uuid
@@ -97,7 +98,7 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
     ``?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem``). Any other query parameter is refused
     rather than dropped: a rebuild must not connect differently from what the URL says. On
     PostgreSQL text parameters are sent untyped (``stringtype=unspecified``), so that a ``uuid``
-    column takes the text the rebuild carries its values as. On MariaDB
+    or ``numeric`` column takes the text the rebuild carries its values as. On MariaDB
     each connection adds ``STRICT_TRANS_TABLES`` and ``NO_AUTO_VALUE_ON_ZERO`` to the server's
     ``sql_mode``, as the framework's own connections do (docs/design/sql.md "Change-sets"), so the
     rebuild writes the values the live applies write.
@@ -122,7 +123,7 @@ def jdbc_target(db_url: str) -> tuple[str, dict[str, str]]:
     if backend == "postgresql":
         address = f"{url.host or '127.0.0.1'}:{url.port or 5432}"
         # Text parameters go untyped, so PostgreSQL reads each as its column's type, as it reads the
-        # live apply's values: a UUID's text into a uuid column.
+        # live apply's values: a UUID's text into a uuid column, a decimal's into a numeric one.
         jdbc = f"jdbc:postgresql://{address}/{url.database}?reWriteBatchedInserts=true&stringtype=unspecified"
         props["driver"] = "org.postgresql.Driver"
     elif backend in ("mysql", "mariadb"):
@@ -288,7 +289,10 @@ def _driver_rows(frame: Any) -> Any:
 def _sqlite_value(column_type: types.TypeEngine[Any]) -> Callable[[Any], Any] | None:
     """What turns a rebuilt value of a column of ``column_type`` into the value SQLite stores for
     the live apply's (SQLAlchemy's own conversion on SQLite), or None when it is stored as it is:
-    a ``Uuid``'s text as its 32 hex digits."""
+    a ``Numeric``'s decimal as a float (SQLite keeps a ``REAL``), a ``Uuid``'s text as its 32 hex
+    digits."""
+    if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
+        return lambda value: float(decimal.Decimal(str(value)))
     if isinstance(column_type, types.Uuid):
         return _uuid_hex
     return None

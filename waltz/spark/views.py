@@ -15,6 +15,7 @@ so log order per key is well defined.
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -34,9 +35,11 @@ __all__ = [
     "AppViews",
     "apply_idempotency",
     "caching_replays",
+    "carries_decimal_text",
     "change_check",
     "change_problems",
     "checked_problems",
+    "compared_decimal",
     "entity_table",
     "idempotency_key_rows",
     "partial_row_problem",
@@ -80,6 +83,11 @@ class AppViews:
 def spark_type(column_type: types.TypeEngine[Any]) -> str:
     """The Spark SQL type of a SQLAlchemy column type (for casting rendered values).
 
+    A ``Numeric`` without a scale (SQLAlchemy's ``Numeric()``, what ``Mapped[Decimal]`` maps to)
+    is carried as its exact decimal text (``string``): no Spark decimal holds every value such a
+    column takes, and the database converts the text as it converts the live apply's value
+    (docs/design/spark.md, "Computing views"); see :func:`carries_decimal_text`.
+
     Raises:
         TypeError: a type the rebuild cannot cast to (override the table's DataFrame yourself).
     """
@@ -95,14 +103,62 @@ def spark_type(column_type: types.TypeEngine[Any]) -> str:
         (types.String, "string"),
         (types.Uuid, "string"),
     ]
+    if carries_decimal_text(column_type):
+        return "string"
     if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
-        precision = column_type.precision or 38
-        scale = column_type.scale if column_type.scale is not None else 10
-        return f"decimal({precision},{scale})"
+        return f"decimal({column_type.precision or 38},{column_type.scale})"
     for kind, name in checks:
         if isinstance(column_type, kind):
             return name
     raise TypeError(f"no Spark type for the SQL type {column_type!r}")
+
+
+def carries_decimal_text(column_type: types.TypeEngine[Any]) -> bool:
+    """Whether the rebuild carries a column's values as exact decimal text: a ``Numeric`` (not a
+    ``Float``) without a scale. Its values are written as that text, which the database converts
+    as it converts the live apply's ``Decimal``, and the drift check compares them as numbers at
+    the live column's own precision (docs/design/spark.md, "Computing views", "Drift check")."""
+    return (
+        isinstance(column_type, types.Numeric)
+        and not isinstance(column_type, types.Float)
+        and column_type.scale is None
+    )
+
+
+def compared_decimal(value: str | None, precision: str) -> str | None:
+    """A decimal's text as the drift check compares it (docs/design/spark.md, "Drift check"): the
+    number at a live column's precision, in plain notation without trailing zeros.
+
+    Args:
+        value: the decimal's text (``1.50``, ``1E-7``); text that is no finite number is kept.
+        precision: ``"exact"``, ``"double"`` (rounded to the nearest binary float, as SQLite keeps
+            it) or a scale as digits (rounded half away from zero to that many decimals, as
+            PostgreSQL and MariaDB round a value into their ``NUMERIC(p, s)``); see
+            :meth:`waltz.spark.live_tables.LiveSnapshot.decimal_precision`.
+
+    Returns:
+        ``"1.5"``, ``"0.0000001"``, ``"0"``; None for None.
+    """
+    if value is None:
+        return None
+    try:
+        number = decimal.Decimal(value)
+    except decimal.InvalidOperation:
+        return value
+    if not number.is_finite():
+        return value
+    with decimal.localcontext() as context:
+        # Enough digits for the number and the scale: the default 28 would round a long value.
+        scale = int(precision) if precision.isdigit() else 0
+        context.prec = max(28, len(value) + 2 * abs(int(number.as_tuple().exponent)) + scale + 40)
+        if precision == "double":
+            number = decimal.Decimal(repr(float(number)))
+        elif precision.isdigit():
+            step = decimal.Decimal(1).scaleb(-scale)
+            number = number.quantize(step, rounding=decimal.ROUND_HALF_UP)
+        if number.is_zero():
+            return "0"
+        return format(number.normalize(), "f")
 
 
 def unwritable_columns(app: AppViews) -> list[str]:
