@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import BigInteger, Engine, Table, Uuid, insert, inspect, select, text, update
+from sqlalchemy import types as sa_types
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from waltz.client.transaction import Transaction
@@ -36,12 +37,14 @@ from waltz.protocol.records import ReqId
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitBarrier, SplitGenesis
 from waltz.spark.decoders import DecoderRegistry, decode_changes
 from waltz.spark.errors import RebuildError
+from waltz.spark.snapshot import keeps_decimal_text
 from waltz.spark.source import LOG_SCHEMA
 from waltz.spark.target import jdbc_target, write_views
 from waltz.spark.views import (
     AppViews,
     apply_idempotency,
     caching_replays,
+    carries_decimal_text,
     change_check,
     change_problems,
     checked_problems,
@@ -49,6 +52,7 @@ from waltz.spark.views import (
     idempotency_key_rows,
     partial_row_problem,
     replay,
+    spark_type,
 )
 from waltz_examples.counter.models import Counter
 from waltz_examples.counter.transactions import CounterCallbacks
@@ -1035,3 +1039,24 @@ def test_timestamps_are_rebuilt_and_compared_whatever_the_machine_s_zone(
             ]
         else:
             assert stored == [(i, n, a) for i, (n, a) in enumerate(zip(naive, aware, strict=True))]
+
+
+@pytest.mark.parametrize(
+    ("column_type", "spark", "text"),
+    [
+        (sa_types.Numeric(), "string", True),
+        (sa_types.Numeric(10), "string", True),
+        (sa_types.Numeric(60, 30), "string", True),
+        (sa_types.Numeric(12, 2), "decimal(12,2)", False),
+        (sa_types.Numeric(38, 38), "decimal(38,38)", False),
+        (sa_types.Float(), "double", False),
+    ],
+)
+def test_the_rebuild_and_snapshots_carry_the_same_decimals_as_text(
+    column_type: sa_types.Numeric[Any], spark: str, text: bool
+) -> None:
+    """One rule for both: a snapshot that kept a column as text and a rebuild that cast it to a
+    Spark decimal disagreed (``Numeric(60, 30)`` was ``decimal(60,30)``, which Spark refuses)."""
+    assert spark_type(column_type) == spark
+    assert carries_decimal_text(column_type) is text
+    assert keeps_decimal_text(column_type) is text

@@ -50,6 +50,7 @@ from waltz.jdbc_style import create_framework_engine
 from waltz.jdbc_style.marks import HighWaterMarks, logs_followed
 from waltz.jdbc_style.schema import high_water_marks, idempotency_keys
 from waltz.jdbc_style.upcasting import StoredRows, UpcastError
+from waltz.spark.views import DECIMAL_PRECISION, carries_decimal_text
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -94,7 +95,7 @@ log = logging.getLogger(__name__)
 #: at form 1 otherwise, which every release reads.
 SNAPSHOT_FORM = 2
 #: The largest precision of a Parquet decimal here (``decimal128``, as Spark's ``DecimalType``).
-PARQUET_DECIMAL_PRECISION = 38
+PARQUET_DECIMAL_PRECISION = DECIMAL_PRECISION
 #: The manifest's file name in a snapshot directory.
 MANIFEST_NAME = "manifest.json"
 #: What ``"kind"`` says in a snapshot's manifest.
@@ -352,21 +353,11 @@ def arrow_type(column_type: types.TypeEngine[Any]) -> pa.DataType:
 
 def keeps_decimal_text(column_type: types.TypeEngine[Any]) -> bool:
     """Whether a snapshot keeps a decimal column's values as their exact text (a Parquet
-    string; docs/design/spark.md "Snapshots"): a ``Numeric`` (not a ``Float``) without both a
-    precision and a scale, or whose precision or scale a Parquet decimal does not hold (more than
-    :data:`PARQUET_DECIMAL_PRECISION` digits). Such a column holds any number of digits (an
-    unbounded PostgreSQL ``NUMERIC``, any SQLite column) or an integer part the scale a reader
-    would guess could not hold; a column of both, within the bound, is a Parquet decimal of its
-    own precision and scale."""
-    if not isinstance(column_type, types.Numeric) or isinstance(column_type, types.Float):
-        return False
-    precision, scale = column_type.precision, column_type.scale
-    return (
-        precision is None
-        or scale is None
-        or not 1 <= precision <= PARQUET_DECIMAL_PRECISION
-        or not 0 <= scale <= precision
-    )
+    string; docs/design/spark.md "Snapshots"): the columns the rebuild carries as decimal text
+    (:func:`waltz.spark.views.carries_decimal_text`). A decimal column of both a precision and a
+    scale, within :data:`PARQUET_DECIMAL_PRECISION` digits, is a Parquet decimal of its own
+    precision and scale."""
+    return carries_decimal_text(column_type)
 
 
 def sql_type_name(column_type: types.TypeEngine[Any]) -> str:

@@ -106,22 +106,35 @@ def spark_type(column_type: types.TypeEngine[Any]) -> str:
     if carries_decimal_text(column_type):
         return "string"
     if isinstance(column_type, types.Numeric) and not isinstance(column_type, types.Float):
-        return f"decimal({column_type.precision or 38},{column_type.scale})"
+        return f"decimal({column_type.precision},{column_type.scale})"
     for kind, name in checks:
         if isinstance(column_type, kind):
             return name
     raise TypeError(f"no Spark type for the SQL type {column_type!r}")
 
 
+#: The largest precision of a decimal the rebuild and snapshots hold as a number (Spark's
+#: ``DecimalType`` and Parquet's ``decimal128``).
+DECIMAL_PRECISION = 38
+
+
 def carries_decimal_text(column_type: types.TypeEngine[Any]) -> bool:
-    """Whether the rebuild carries a column's values as exact decimal text: a ``Numeric`` (not a
-    ``Float``) without a scale. Its values are written as that text, which the database converts
-    as it converts the live apply's ``Decimal``, and the drift check compares them as numbers at
-    the live column's own precision (docs/design/spark.md, "Computing views", "Drift check")."""
+    """Whether the rebuild and snapshots carry a column's values as exact decimal text: a
+    ``Numeric`` (not a ``Float``) without both a precision and a scale (SQLAlchemy's
+    ``Numeric()``, what ``Mapped[Decimal]`` maps to), or whose precision or scale no
+    :data:`DECIMAL_PRECISION`-digit decimal holds. Such a column holds any number of digits (an
+    unbounded PostgreSQL ``NUMERIC``, any SQLite column). Its values are written as that text,
+    which the database converts as it converts the live apply's ``Decimal``, and the drift check
+    compares them as numbers at the live column's own precision (docs/design/spark.md,
+    "Computing views", "Drift check" and "Snapshots")."""
+    if not isinstance(column_type, types.Numeric) or isinstance(column_type, types.Float):
+        return False
+    precision, scale = column_type.precision, column_type.scale
     return (
-        isinstance(column_type, types.Numeric)
-        and not isinstance(column_type, types.Float)
-        and column_type.scale is None
+        precision is None
+        or scale is None
+        or not 1 <= precision <= DECIMAL_PRECISION
+        or not 0 <= scale <= precision
     )
 
 
