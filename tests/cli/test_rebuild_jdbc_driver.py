@@ -51,8 +51,13 @@ def test_a_database_whose_jdbc_driver_is_missing_is_refused_before_spark_starts(
     assert missing in errors[0], output
     assert "WALTZ_SPARK_JDBC_DIR" in errors[0], output
     assert "planning the log" not in output and "starting Spark" not in output, output
-    # With the jar in the directory, the command goes on: to the log, which these directories lack.
+    # With the jar in the directory, the command goes on: to the log, which these directories lack
+    # (a live database to verify against is one with the framework's tables).
     (jars / jar).write_bytes(b"")
+    if option == "--verify-against":
+        from waltz.jdbc_style import migrations_api
+
+        migrations_api.upgrade(url)
     code, output = _rebuild(tmp_path, option, url, jars)
     assert code == 2, output
     assert "planning the log" in output and "JDBC driver" not in output, output

@@ -3,6 +3,7 @@ source it cannot use is refused before Spark starts."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -250,3 +251,21 @@ def _rebuild_into(tmp_path: Path, *arguments: str) -> tuple[int, str]:
         env=_ENV,
     )
     return result.exit_code, result.output
+
+
+def test_a_live_database_that_is_not_one_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    """--verify-against a SQLite file that did not exist created it empty, and a database without
+    the framework's tables failed with a raw SQL error once Spark had read the log."""
+    missing = tmp_path / "missing.db"
+    where = ("--storage-dir", str(tmp_path), "--replicas", "1")
+    code, output = _rebuild("--verify-against", f"sqlite:///{missing}", *where)
+    assert code == 2, output
+    assert f"no such SQLite file {missing}" in output and "starting Spark" not in output, output
+    assert not missing.exists()
+
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    code, output = _rebuild("--verify-against", f"sqlite:///{empty}", *where)
+    assert code == 2, output
+    assert "--verify-against" in output and "waltz db upgrade" in output, output
+    assert "no such table" not in output and "starting Spark" not in output, output

@@ -8,7 +8,7 @@ fast.
 
 from __future__ import annotations
 
-__all__ = ["first_line", "require_reachable", "url_hint"]
+__all__ = ["first_line", "require_live_database", "require_reachable", "url_hint"]
 
 
 def first_line(error: BaseException) -> str:
@@ -65,6 +65,53 @@ def require_reachable(url: str, option: str) -> None:
             else ""
         )
         raise ConfigurationError(f"{option} {shown}: cannot connect: {cause}{missing}") from exc
+    except SQLAlchemyError as exc:
+        raise ConfigurationError(f"{option} {shown}: {first_line(exc)}") from exc
+    finally:
+        engine.dispose()
+
+
+def require_live_database(url: str, option: str) -> None:
+    """Check that the database of ``option`` is one an application's instances apply to, before a
+    long command reads it (``waltz rebuild --verify-against``): a SQLite file that exists (it is
+    not created), that answers (:func:`require_reachable`), with the framework's tables at this
+    waltz-py's head (:func:`waltz.jdbc_style.migrations_api.check_current`).
+
+    Raises:
+        ConfigurationError: what :func:`require_reachable` raises; a SQLite file that does not
+            exist; framework tables missing or at another revision (the message names the option,
+            the URL without its password and what to do).
+    """
+    from pathlib import Path
+
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from waltz.errors import ConfigurationError
+    from waltz.jdbc_style.binding import url_text
+    from waltz.jdbc_style.migrations_api import FrameworkTablesMissingError, check_current
+
+    shown = url_text(url, hide_password=True)
+    try:
+        parsed = make_url(url)
+    except (ArgumentError, ValueError):  # require_reachable names what is wrong with the URL
+        parsed = None
+    database = (parsed.database or "") if parsed is not None and parsed.get_backend_name() == "sqlite" else ""
+    if database not in ("", ":memory:") and not database.startswith("file:") and not Path(database).is_file():
+        raise ConfigurationError(
+            f"{option} {shown}: no such SQLite file {database}: give the live database the "
+            "application's instances apply to"
+        )
+    require_reachable(url, option)
+    engine = create_engine(url)
+    try:
+        check_current(engine)
+    except FrameworkTablesMissingError as exc:
+        raise ConfigurationError(
+            f"{option} {shown}: {first_line(exc)} (is this the database the application's instances "
+            "apply to?)"
+        ) from exc
     except SQLAlchemyError as exc:
         raise ConfigurationError(f"{option} {shown}: {first_line(exc)}") from exc
     finally:

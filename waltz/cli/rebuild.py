@@ -278,7 +278,7 @@ def rebuild_command(
         raise typer.Exit(2) from exc
 
     try:
-        from waltz.cli.database_urls import require_reachable
+        from waltz.cli.database_urls import require_live_database, require_reachable
         from waltz.spark.drift import verify
         from waltz.spark.rebuild import rebuild
         from waltz.spark.session import require_jdbc_driver, spark_session
@@ -309,7 +309,7 @@ def rebuild_command(
         for option, url in (("--db", db), ("--verify-against", verify_against)):
             if url is not None:
                 require_jdbc_driver(url, option)
-                require_reachable(url, option)
+                require_reachable(url, option) if url is db else require_live_database(url, option)
         # Before Spark too: a wrong root, an unreachable cluster or directories that hold no log
         # fail in a second, not after Spark's start (docs/design/spark.md, "Planning before Spark
         # starts"). The drift check plans again if the live database is past this plan.
