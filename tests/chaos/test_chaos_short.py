@@ -608,6 +608,30 @@ def test_short_chaos_run_with_the_archiver_keeps_every_invariant(tmp_path: Path)
     assert not differing.passed and "differ" in differing.detail, differing.detail
 
 
+def test_the_restart_check_of_an_archive_run_catches_a_replica_that_lost_its_newest_records() -> None:
+    """Across the restart a replica may lose only archived records at its start: one that holds
+    fewer records at its end (a truncated tail, not archived) fails the check, naming them."""
+    from waltz.chaos.archive_checks import LocalRange, compare_local_ranges
+
+    held = LocalRange(0, (11, 12, 13, 14), ())
+    before = {0: {"storage-0": held, "storage-1": held}}
+
+    def compared(after: LocalRange, archived_through: int) -> tuple[bool, str]:
+        check = compare_local_ranges(
+            before, {0: {"storage-0": held, "storage-1": after}}, {0: archived_through}
+        )
+        return check.passed, check.detail
+
+    assert compared(held, -1)[0]
+    assert compared(LocalRange(2, (13, 14), ()), 1)[0]  # retention removed archived 0..1 at start
+    passed, detail = compared(LocalRange(0, (11, 12, 13), ()), -1)
+    assert not passed and "partition 0 on storage-1: holds up to 2, held up to 3 before the restart" in detail
+    passed, detail = compared(LocalRange(2, (13,), ()), 1)
+    assert not passed and "records 3..3 lost" in detail, detail
+    passed, detail = compared(LocalRange(0, (11, 12, 13, 99), ()), -1)
+    assert not passed and "changed across the restart" in detail, detail
+
+
 def test_archive_without_pyarrow_is_refused_before_anything_starts() -> None:
     """In a process where pyarrow cannot be imported (``None`` in ``sys.modules``, as for a missing
     package), ``waltz chaos --archive`` says which extra to install and exits 2 at once."""
