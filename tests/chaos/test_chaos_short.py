@@ -415,6 +415,37 @@ def test_a_fixed_schedule_striking_what_the_cluster_lacks_is_refused() -> None:
     assert "--servers 2 or more" in result.stderr and "cluster ready" not in result.output
 
 
+def test_a_schedule_the_chosen_fault_kinds_leave_empty_is_refused_unless_no_faults_were_asked_for() -> None:
+    """The fixed schedule strikes kill-storage, kill-server and cut-storage: --faults without any of
+    them leaves it empty, which is refused (exit 2) rather than run as a run without faults; --faults
+    none and --fault-count 0 ask for no faults and run (docs/chaos.md "The fault schedule")."""
+    from typer.testing import CliRunner
+
+    from waltz.cli.main import app
+
+    zookeeper_and_owner = (FaultKind.PAUSE_ZOOKEEPER, FaultKind.KILL_ZOOKEEPER, FaultKind.PAUSE_OWNER)
+    with pytest.raises(ValueError) as raised:
+        ChaosOptions(schedule="fixed", faults=zookeeper_and_owner).validate()
+    said = str(raised.value)
+    assert (
+        "--faults pause-zookeeper,kill-zookeeper,pause-owner leaves the fixed schedule without a fault"
+        in said
+    )
+    assert "kill-storage, kill-server, cut-storage" in said and "--faults none" in said, said
+    with pytest.raises(ValueError, match="leaves the fixed schedule without a fault"):
+        ChaosOptions(network="namespaces", schedule="fixed", faults=(FaultKind.KILL_SERVER,)).validate()
+    ChaosOptions(schedule="fixed", faults=()).validate()
+    ChaosOptions(schedule="random", faults=()).validate()
+    ChaosOptions(schedule="random", fault_count=0).validate()
+    ChaosOptions(schedule="random", faults=zookeeper_and_owner).validate()
+    kinds = "pause-zookeeper,kill-zookeeper,pause-owner"
+    arguments = ["chaos", "--schedule", "fixed", "--faults", kinds, "--transactions", "300"]
+    result = CliRunner().invoke(app, arguments)
+    assert result.exit_code == 2, result.output
+    assert "leaves the fixed schedule without a fault" in result.stderr, result.stderr
+    assert "fault schedule" not in result.stdout, result.stdout
+
+
 def test_a_work_dir_that_holds_an_earlier_run_is_refused(tmp_path: Path) -> None:
     """A run starts a new cluster: the kept one of an earlier run (its fault proxies' ports in its
     layout, its log) is refused, not resumed (docs/chaos.md "Work directory")."""
@@ -722,3 +753,39 @@ def test_stopping_during_an_archive_fault_s_wait_ends_it_at_once_without_strikin
     started = time.monotonic()
     assert not archiver.wait_for_chunk(60.0, stop)
     assert time.monotonic() - started < 5.0
+
+
+def test_a_fault_injector_with_an_empty_schedule_starts_and_stops_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run without faults (--faults none): the injector lets the clients run to the end at
+    once and its thread ends without an error."""
+    from waltz.chaos.faults import FaultInjector
+    from waltz.local.cluster import LocalCluster
+
+    crashes: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", crashes.append)
+    cluster = LocalCluster(storages=1, servers=1, partitions=1)  # never started: nothing is struck
+    gates: list[float] = []
+    lines: list[str] = []
+    injector = FaultInjector(lambda: cluster, [], lambda: 0.0, [], [], lines.append, gate=gates.append)
+    injector.start()
+    injector.stop(timeout=10.0)
+    assert crashes == [], crashes
+    assert injector.errors == [] and injector.struck == [], (injector.errors, lines)
+    assert gates and set(gates) == {1.0}, gates
+
+
+def test_a_run_without_faults_passes(tmp_path: Path) -> None:
+    """--faults none, 300 transactions: the clients, not held by any fault, may have submitted
+    everything before the coordinator sees them mounted; the run goes on and passes."""
+    _require_zookeeper()
+    lines: list[str] = []
+    options = ChaosOptions(
+        transactions=300, seed=1, faults=(), work_dir=tmp_path / "chaos", restart_check=False
+    )
+    result = run_chaos(options, lines.append)
+    report = "\n".join(lines)
+    assert result.passed, report
+    assert result.faults == [] and result.acknowledged == 300, report
+    assert "fault schedule (random, 0 faults)" in report, report

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
@@ -20,7 +21,11 @@ from typing import Any, Self
 
 from waltz.chaos.worker import WorkerSpec, worker_main
 
-__all__ = ["ClientProcess", "ClientProcesses"]
+__all__ = ["MOUNTED_STATES", "ClientProcess", "ClientProcesses"]
+
+#: The states of a client process that has mounted every partition: ``running``, and the later
+#: ones (a client not held by a fault may submit everything before the coordinator looks).
+MOUNTED_STATES = frozenset({"running", "submitted", "done"})
 
 
 @dataclass
@@ -117,7 +122,7 @@ class ClientProcesses:
                     f"worker {client.index} exited with code {client.process.exitcode} without a result"
                 )
 
-    def wait_states(self, states: set[str], timeout: float, what: str) -> None:
+    def wait_states(self, states: Set[str], timeout: float, what: str) -> None:
         """Wait until every process is in one of ``states``.
 
         Raises:

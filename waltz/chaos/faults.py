@@ -123,11 +123,15 @@ class FaultInjector:
     def _run(self) -> None:
         try:
             self._strike_all()
+        except Exception as exc:  # the run's check of the faults fails on it, not only a log line
+            log.exception("the fault thread failed")
+            self.errors.append(f"the fault thread failed: {exc!r}")
         finally:
             self._gate(1.0)
 
     def _strike_all(self) -> None:
-        points = [f.at for f in self._schedule[1:]] + [1.0]
+        # Each fault's next point: the next fault's, the end after the last (none without faults).
+        points = [f.at for f in self._schedule[1:]] + [1.0] if self._schedule else []
         self._gate(self._schedule[0].at if self._schedule else 1.0)
         for fault, next_point in zip(self._schedule, points, strict=True):
             while not self._stop.is_set() and self._progress() < fault.at - 1e-9:

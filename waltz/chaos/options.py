@@ -157,8 +157,10 @@ class ChaosOptions:
                 with a workload other than the ledger, fewer transactions
                 than clients, a duration that is not positive, a ``split_to`` that is no split of
                 ``partitions`` (or with the ledger workload or the archiver), a fixed schedule
-                that strikes a server, storage node or partition the cluster does not have, a
-                ``work_dir`` that holds an earlier run (docs/chaos.md "Work directory").
+                that strikes a server, storage node or partition the cluster does not have, fault
+                kinds that leave the schedule without a fault while faults were asked for
+                (docs/chaos.md "The fault schedule"), a ``work_dir`` that holds an earlier run
+                (docs/chaos.md "Work directory").
         """
         if self.storages not in (3, 5):
             raise ValueError(f"storages must be 3 or 5, got {self.storages}")
@@ -226,6 +228,7 @@ class ChaosOptions:
                     f"the fixed schedule needs {' and '.join(short)}: give them, leave those fault kinds "
                     "out of --faults, or use --schedule random (it strikes only what the cluster has)"
                 )
+        self._refuse_an_emptied_schedule()
         if self.work_dir is not None:
             earlier = [name for name in RUN_ENTRIES if (self.work_dir / name).exists()]
             if earlier:
@@ -235,6 +238,31 @@ class ChaosOptions:
                     "empty directory (to replay a run, give the replay line another --work-dir), or "
                     "remove those first"
                 )
+
+    def _refuse_an_emptied_schedule(self) -> None:
+        """Refuse fault kinds that leave the schedule without a fault although faults were asked
+        for (``--faults`` not ``none``, ``--fault-count`` not 0): the run would strike nothing and
+        pass as a run under faults (docs/chaos.md "The fault schedule").
+
+        Raises:
+            ValueError: the schedule is empty, naming the kinds the fixed schedule strikes.
+        """
+        if not self.faults or self.fault_count == 0 or self.make_schedule():
+            return
+        asked = ",".join(k.value for k in self.faults)
+        if self.schedule == "fixed":
+            strikes = fixed_schedule(
+                network=self.network, session_timeout=self.session_timeout, archive=self.archive
+            )
+            raise ValueError(
+                f"--faults {asked} leaves the fixed schedule without a fault: it strikes only "
+                f"{', '.join(dict.fromkeys(f.kind.value for f in strikes))}; add one of those kinds to "
+                "--faults, use --schedule random, or give --faults none for a run without faults"
+            )
+        raise ValueError(
+            f"--faults {asked} leaves the {self.schedule} schedule without a fault: give other kinds, "
+            "or --faults none for a run without faults"
+        )
 
     def make_schedule(self) -> list[Fault]:
         """The run's fault schedule, with the split's fault at ``split_at`` when ``split_to`` is

@@ -55,7 +55,7 @@ from waltz.chaos.checks import (
     read_log,
     segment_digests,
 )
-from waltz.chaos.clients import ClientProcesses
+from waltz.chaos.clients import MOUNTED_STATES, ClientProcesses
 from waltz.chaos.faults import FaultInjector
 from waltz.chaos.options import ChaosOptions, ChaosResult, database_on_loopback
 from waltz.chaos.proxy import ClusterProxies, forward_database
@@ -271,7 +271,9 @@ def _run(
         with ClientProcesses(
             _worker_specs(options, cluster, work_dir, clients_db_url), stop, gate
         ) as clients:
-            clients.wait_states({"running"}, 180.0, "every client mounted")
+            # Not held by a fault (none scheduled, or a --duration run), a client may have
+            # submitted everything before it is seen mounted: past running is mounted too.
+            clients.wait_states(MOUNTED_STATES, 180.0, "every client mounted")
             say(f"{len(clients.clients)} client processes mounted every partition; submitting")
             result.seconds = _submit_phase(
                 options, schedule, cluster, proxies, clients, stop, gate, result, say, archiver
