@@ -244,6 +244,50 @@ def test_checks_catch_lost_doubled_and_damaged_transactions() -> None:
     }
 
 
+#: The check on the clients' outcomes (docs/chaos.md "The checks").
+_COMPLETE = "every client's outcomes cover its submissions, each once"
+
+
+def _outcomes(
+    acked: list[tuple[int, int, int]], failed: list[tuple[int, str]], reading: LogReading, submitted: int
+) -> dict[str, tuple[bool, str]]:
+    """Every check's verdict and detail for one worker's outcomes against a one-partition log."""
+    worker = WorkerResult(
+        0, 7, acked, failed, 0, {0: (reading.marks[0], reading.checksums[0], 0, [])}, [], submitted=submitted
+    )
+    checks = check_run(
+        workers=[worker], submitted={0: submitted}, marks={0: reading.marks[0]}, reading=reading
+    )
+    return {c.name: (c.passed, c.detail) for c in checks}
+
+
+def test_outcomes_that_do_not_cover_the_submissions_once_fail_naming_the_sequences() -> None:
+    """Each worker's acknowledged and failed sequences must be 0..n-1, each once, n its own count
+    of submissions: an outcome recorded twice, or one missing, is named."""
+    reading = _read(9, [payload_for(9, 0, s) for s in range(4)])
+    acked = [(s, 0, s) for s in range(4)]
+    assert all(passed for passed, _ in _outcomes(acked, [], reading, 4).values())
+    passed, detail = _outcomes([*acked, acked[0]], [], reading, 4)[_COMPLETE]
+    assert not passed and "worker 0: duplicated [0]" in detail, detail
+    passed, detail = _outcomes([a for a in acked if a[0] != 2], [], reading, 4)[_COMPLETE]
+    assert not passed and "worker 0: missing [2]" in detail, detail
+    passed, detail = _outcomes(acked[:3], [(3, "TimeoutError()"), (3, "TimeoutError()")], reading, 4)[
+        _COMPLETE
+    ]
+    assert not passed and "worker 0: duplicated [3]" in detail, detail
+    passed, detail = _outcomes(acked, [(4, "TimeoutError()")], reading, 4)[_COMPLETE]
+    assert not passed and "worker 0: outside 0..3 [4]" in detail, detail
+    worker = WorkerResult(0, 7, acked, [], 0, {0: (reading.marks[0], reading.checksums[0], 0, [])}, [])
+    checks = check_run(workers=[worker], submitted={}, marks={0: 3}, reading=reading)
+    missing = next(c for c in checks if c.name == _COMPLETE)
+    assert not missing.passed and "worker 0: its result gives no count of submissions" in missing.detail
+    raw = {
+        "worker": 0, "client_id": 7, "acked": acked, "failed": [], "lock_failures": 0,
+        "partitions": {}, "uncaught": [], "submitted": 4,
+    }  # fmt: skip
+    assert WorkerResult.from_json(raw).submitted == 4
+
+
 def test_generation_check_catches_a_stale_owner_committing_after_a_takeover() -> None:
     log = [payload_for(9, 0, s) for s in range(4)]
     acked = [(s, 0, s) for s in range(4)]

@@ -33,6 +33,7 @@ __all__ = [
     "ReplicaDigest",
     "WorkerResult",
     "check_gaps",
+    "check_outcomes_complete",
     "check_replicas_on_disk",
     "check_run",
     "read_log",
@@ -54,7 +55,20 @@ class ChaosCheck:
 
 @dataclass
 class WorkerResult:
-    """What one chaos client reported (the JSON of :mod:`waltz.chaos.worker`)."""
+    """What one chaos client reported (the JSON of :mod:`waltz.chaos.worker`).
+
+    Attributes:
+        worker: the worker's index (the writer of its payloads).
+        client_id: its Waltz client ID.
+        acked: ``(sequence, partition, transaction ID)`` of every acknowledged submission.
+        failed: ``(sequence, repr of the error)`` of every failed one.
+        lock_failures: lock failures it retried.
+        partitions: partition -> ``(mark, checksum, count, errors)`` of what it applied.
+        uncaught: exceptions its applies raised.
+        ledger: the ledger workload's counts and errors.
+        submitted: how many submissions it made, sequences ``0..submitted-1`` (None: the
+            ledger workload's result, or one that does not say).
+    """
 
     worker: int
     client_id: int
@@ -64,6 +78,7 @@ class WorkerResult:
     partitions: dict[int, tuple[int, int, int, list[str]]]
     uncaught: list[str]
     ledger: dict[str, Any] = field(default_factory=dict)
+    submitted: int | None = None
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> WorkerResult:
@@ -79,6 +94,7 @@ class WorkerResult:
             },
             uncaught=list(raw["uncaught"]),
             ledger=dict(raw.get("ledger", {})),
+            submitted=int(raw["submitted"]) if "submitted" in raw else None,
         )
 
 
@@ -357,11 +373,12 @@ def check_run(
 
     Args:
         workers: every worker's result.
-        submitted: worker -> how many transactions it submitted.
+        submitted: worker -> how many transactions it submitted, by its own count
+            (:attr:`WorkerResult.submitted`); a worker not named fails the outcomes' check.
         marks: partition -> the servers' high-water mark after healing.
         reading: what a fresh client read from the start.
     """
-    checks: list[ChaosCheck] = []
+    checks: list[ChaosCheck] = [check_outcomes_complete(workers, submitted)]
     # Every acknowledged transaction is in the log exactly once, where its acknowledgement said.
     acked = [(w.worker, s, p, t) for w in workers for s, p, t in w.acked]
     misplaced = [
@@ -437,6 +454,52 @@ def check_run(
         )
     )
     return checks
+
+
+def _listed(numbers: Sequence[int]) -> str:
+    """Up to 10 numbers, and how many more."""
+    more = f" and {len(numbers) - 10} more" if len(numbers) > 10 else ""
+    return f"{list(numbers[:10])}{more}"
+
+
+def check_outcomes_complete(workers: Sequence[WorkerResult], submitted: Mapping[int, int]) -> ChaosCheck:
+    """Every client recorded one outcome per submission: its acknowledged and failed sequences
+    together are ``0..n-1``, each once, ``n`` its own count of submissions (docs/chaos.md "The
+    checks").
+
+    An outcome recorded twice would count an acknowledgement twice; one missing would leave a
+    submission in the log that no outcome accounts for.
+
+    Args:
+        workers: every worker's result.
+        submitted: worker -> how many submissions it made.
+    """
+    wrong: list[str] = []
+    for w in workers:
+        count = submitted.get(w.worker)
+        if count is None:
+            wrong.append(f"worker {w.worker}: its result gives no count of submissions")
+            continue
+        seen = Counter([s for s, _, _ in w.acked] + [s for s, _ in w.failed])
+        problems = []
+        missing = sorted(set(range(count)) - seen.keys())
+        if missing:
+            problems.append(f"missing {_listed(missing)}")
+        duplicated = sorted(s for s, n in seen.items() if n > 1)
+        if duplicated:
+            problems.append(f"duplicated {_listed(duplicated)}")
+        outside = sorted(s for s in seen if not 0 <= s < count)
+        if outside:
+            problems.append(f"outside 0..{count - 1} {_listed(outside)}")
+        if problems:
+            wrong.append(f"worker {w.worker}: {', '.join(problems)} of {count} submissions")
+    return ChaosCheck(
+        "every client's outcomes cover its submissions, each once",
+        not wrong,
+        "; ".join(wrong[:5])
+        if wrong
+        else f"{len(workers)} clients, {sum(submitted.values())} submissions, one outcome each",
+    )
 
 
 def check_gaps(

@@ -326,7 +326,8 @@ def _run(
             f"{time.monotonic() - read_started:.0f}s; checking"
         )
         if workload != "ledger":
-            submitted = {w.worker: len(w.acked) + len(w.failed) for w in results}
+            # Each worker's own count: its outcomes must cover exactly those submissions.
+            submitted = {w.worker: w.submitted for w in results if w.submitted is not None}
             result.checks += check_run(workers=results, submitted=submitted, marks=marks, reading=reading)
             if archiver is None:
                 result.checks.append(_online_replicas(cluster, marks))

@@ -13,9 +13,10 @@ Meanwhile it applies every partition into a running checksum
 Messages to the coordinator on the pipe: ``("ready", client_id)``, ``("progress", acked,
 failed)`` about twice a second, ``("submitted", acked, failed)``, then after it received
 ``("marks", {partition: mark})`` and applied up to them, ``("done", result_path)``; on an error
-``("error", text)``. The result file is JSON: acknowledged submissions ``[sequence, partition,
-transaction ID]``, failed ones ``[sequence, error]``, lock failures, and per partition
-``[mark, checksum, count, errors]``.
+``("error", text)``. The result file is JSON: the number of submissions made (``submitted``:
+sequences ``0..submitted-1``), acknowledged submissions ``[sequence, partition, transaction ID]``,
+failed ones ``[sequence, error]``, lock failures, and per partition ``[mark, checksum, count,
+errors]``.
 """
 
 from __future__ import annotations
@@ -193,6 +194,8 @@ class _Outcomes:
         self.failed: list[tuple[int, str]] = []
         self.lock_failures = 0
         self.last_outcome = time.monotonic()
+        self.submitted = 0
+        """Submissions made: sequences ``0..submitted-1``, each with one outcome once it ended."""
 
 
 def _wait_for_gate(
@@ -274,6 +277,7 @@ def _submit_all(
                 rng.randrange(client.num_partitions), rng.randrange(spec.lock_pool), payload, spec.index
             )
         future = client.submit(context)
+        outcomes.submitted = sequence + 1
         future.add_done_callback(functools.partial(record, sequence, context))
         report()
     # Wait for every outcome: take back every slot.
@@ -341,6 +345,7 @@ def worker_main(spec: WorkerSpec, conn: Connection, stop: Event, gate: Synchroni
             result = {
                 "worker": spec.index,
                 "client_id": client.client_id,
+                "submitted": outcomes.submitted,
                 "acked": outcomes.acked,
                 "failed": outcomes.failed,
                 "lock_failures": outcomes.lock_failures,
