@@ -244,7 +244,9 @@ def test_checks_catch_lost_doubled_and_damaged_transactions() -> None:
     }
 
 
-#: The check on the clients' outcomes (docs/chaos.md "The checks").
+#: The checks on the clients' outcomes (docs/chaos.md "The checks").
+_PROGRESS = "the clients made progress (submissions acknowledged)"
+_DEFINITE = "no submission that failed for certain is in the log"
 _COMPLETE = "every client's outcomes cover its submissions, each once"
 
 
@@ -259,6 +261,61 @@ def _outcomes(
         workers=[worker], submitted={0: submitted}, marks={0: reading.marks[0]}, reading=reading
     )
     return {c.name: (c.passed, c.detail) for c in checks}
+
+
+def test_a_run_with_nothing_acknowledged_fails_though_every_submission_committed() -> None:
+    """Every submission failed with an ambiguous error (its acknowledgement lost) while the log
+    holds every one: nothing was acknowledged, so the run made no progress and fails; the failures
+    that committed anyway are reported with their kinds."""
+    reading = _read(9, [payload_for(9, 0, s) for s in range(3)])
+    verdicts = _outcomes([], [(s, "TimeoutError('acknowledgement lost')") for s in range(3)], reading, 3)
+    passed, detail = verdicts[_PROGRESS]
+    assert not passed and "0 of 3 submissions acknowledged" in detail, detail
+    passed, detail = verdicts[_DEFINITE]
+    assert passed and "3 of 3 failed submissions committed anyway" in detail, detail
+    assert "TimeoutError: 3" in detail, detail
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "TransactionExpiredError('transaction context on partition 0 expired after 2 attempt(s)')",
+        "PartitionPausedError('partition 0 waits for an upgrade')",
+        "ClientAheadOfLogError('partition 0: refused the mount')",
+        "StalePartitionEpochError('stale partition epoch: sealed')",
+        "execute returned False",
+    ],
+)
+def test_a_submission_that_failed_for_certain_and_is_in_the_log_fails_the_run(error: str) -> None:
+    """An error that tells the application its transaction did not and will not commit, found
+    committed in the log: the client lied, the run fails naming the submission."""
+    reading = _read(9, [payload_for(9, 0, s) for s in range(3)])
+    verdicts = _outcomes([(0, 0, 0), (1, 0, 1)], [(2, error)], reading, 3)
+    passed, detail = verdicts[_DEFINITE]
+    assert not passed, detail
+    kind = error.partition("(")[0]
+    assert "writer 0 #2" in detail and kind in detail and "(0, 2)" in detail, detail
+    # The same failure not in the log is what the error said: the run passes.
+    shorter = _read(9, [payload_for(9, 0, s) for s in range(2)])
+    assert all(passed for passed, _ in _outcomes([(0, 0, 0), (1, 0, 1)], [(2, error)], shorter, 3).values())
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "TimeoutError('acknowledgement lost')",
+        "WaltzTimeoutError('flush did not finish')",
+        "ClientClosedError('closed with the transaction in flight; it may or may not have been committed')",
+        "ConnectionError('connection reset')",
+    ],
+)
+def test_a_submission_of_unknown_fate_found_in_the_log_passes_and_is_reported(error: str) -> None:
+    reading = _read(9, [payload_for(9, 0, s) for s in range(3)])
+    verdicts = _outcomes([(0, 0, 0), (1, 0, 1)], [(2, error)], reading, 3)
+    assert all(passed for passed, _ in verdicts.values()), verdicts
+    detail = verdicts[_DEFINITE][1]
+    kind = error.partition("(")[0]
+    assert f"1 of 1 failed submissions committed anyway ({kind}: 1)" in detail, detail
 
 
 def test_outcomes_that_do_not_cover_the_submissions_once_fail_naming_the_sequences() -> None:

@@ -22,18 +22,31 @@ from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, decode_coun
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
+from waltz.errors import (
+    ClientAheadOfLogError,
+    MessageTooLargeError,
+    PartitionNotMountedError,
+    PartitionNotOpenError,
+    PartitionPausedError,
+    StalePartitionEpochError,
+    TransactionExpiredError,
+)
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER, SplitRecordFormatError, decode_split_record
 from waltz.services.storage import format as fmt
 from waltz.services.storage.inspect.reader import SegmentFile, StopKind
 
 __all__ = [
+    "DEFINITE_FAILURES",
+    "DROPPED",
     "ChaosCheck",
     "LogObserver",
     "LogReading",
     "ReplicaDigest",
     "WorkerResult",
+    "check_definite_failures",
     "check_gaps",
     "check_outcomes_complete",
+    "check_progress",
     "check_replicas_on_disk",
     "check_run",
     "read_log",
@@ -42,6 +55,30 @@ __all__ = [
 
 #: Bytes read at once while computing a segment body's CRC.
 _CRC_CHUNK = 4 * 1024 * 1024
+
+#: The error a worker records for a submission its context dropped (``execute`` returned False):
+#: never appended, so never committed.
+DROPPED = "execute returned False"
+
+#: The errors, by the name a worker records (:func:`failure_kind`), that tell the application its
+#: transaction did not and will not commit (docs/chaos.md "The checks"): an expiry (it ends a
+#: context only with no attempt in flight), a refusal of the append by the server or the client
+#: (a stale epoch, a partition not open yet or not mounted, a mount refused, data too large), a
+#: lock failure whose retry cannot run (an apply paused for an upgrade), a context's own drop.
+#: Every other error (a timeout, a lost connection, a client closed with the transaction in
+#: flight, an unknown one) leaves its fate open: found in the log, it is counted, not a failure.
+DEFINITE_FAILURES = frozenset(
+    {
+        TransactionExpiredError.__name__,
+        PartitionPausedError.__name__,
+        StalePartitionEpochError.__name__,
+        PartitionNotOpenError.__name__,
+        ClientAheadOfLogError.__name__,
+        PartitionNotMountedError.__name__,
+        MessageTooLargeError.__name__,
+        DROPPED,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,9 +415,12 @@ def check_run(
         marks: partition -> the servers' high-water mark after healing.
         reading: what a fresh client read from the start.
     """
-    checks: list[ChaosCheck] = [check_outcomes_complete(workers, submitted)]
-    # Every acknowledged transaction is in the log exactly once, where its acknowledgement said.
     acked = [(w.worker, s, p, t) for w in workers for s, p, t in w.acked]
+    checks: list[ChaosCheck] = [
+        check_progress(len(acked), sum(submitted.values())),
+        check_outcomes_complete(workers, submitted),
+    ]
+    # Every acknowledged transaction is in the log exactly once, where its acknowledgement said.
     misplaced = [
         f"writer {w} #{s}: acknowledged as {p}:{t}, found at {reading.places.get((w, s), [])}"
         for w, s, p, t in acked
@@ -396,18 +436,17 @@ def check_run(
     # No transaction twice, nothing that was never submitted, no damaged payload.
     repeated = {tag: where for tag, where in reading.places.items() if len(where) > 1}
     foreign = [tag for tag in reading.places if not 0 <= tag[1] < submitted.get(tag[0], 0)]
-    failed_in_log = sum(1 for w in workers for s, _ in w.failed if (w.worker, s) in reading.places)
     checks.append(
         ChaosCheck(
             "no transaction in the log twice, none unsubmitted or damaged",
             not repeated and not foreign and not reading.bad_payloads,
             f"{sum(len(v) for v in reading.places.values())} tagged transactions; repeated {len(repeated)} "
             f"{list(repeated.items())[:3]}; never submitted {len(foreign)}; "
-            f"damaged {len(reading.bad_payloads)} {reading.bad_payloads[:3]}; {failed_in_log} of "
-            f"{sum(len(w.failed) for w in workers)} failed submissions committed anyway"
+            f"damaged {len(reading.bad_payloads)} {reading.bad_payloads[:3]}"
             + (f"; {len(reading.split_records)} split records" if reading.split_records else ""),
         )
     )
+    checks.append(check_definite_failures(workers, reading))
     checks.append(check_gaps(marks, reading, workers))
     spans = ", ".join(f"{pid}: {a}..{b}" for pid, (a, b) in sorted(reading.generations.items()))
     checks.append(
@@ -454,6 +493,62 @@ def check_run(
         )
     )
     return checks
+
+
+def failure_kind(error: str) -> str:
+    """The kind of a failed submission's error as a worker records it: the exception's class name
+    (the error is its ``repr``), or :data:`DROPPED`."""
+    return error.split("(", 1)[0]
+
+
+def check_progress(acknowledged: int, submitted: int) -> ChaosCheck:
+    """The clients made progress: at least one submission was acknowledged (docs/chaos.md "The
+    checks"). A run whose every submission failed, whatever each error, tells nothing of the
+    log's guarantees and fails.
+
+    Args:
+        acknowledged: submissions acknowledged (the ledger workload: transactions committed).
+        submitted: submissions made.
+    """
+    return ChaosCheck(
+        "the clients made progress (submissions acknowledged)",
+        acknowledged > 0,
+        f"{acknowledged} of {submitted} submissions acknowledged"
+        + ("" if acknowledged > 0 else ": nothing acknowledged, the run made no progress"),
+    )
+
+
+def check_definite_failures(workers: Sequence[WorkerResult], reading: LogReading) -> ChaosCheck:
+    """No submission whose error said it did not and will not commit (:data:`DEFINITE_FAILURES`)
+    is in the log; those of an open fate found there are counted by kind (docs/chaos.md "The
+    checks").
+
+    Args:
+        workers: every worker's result.
+        reading: what a fresh client read from the start.
+    """
+    committed = [
+        (w.worker, s, failure_kind(error), reading.places[(w.worker, s)])
+        for w in workers
+        for s, error in w.failed
+        if reading.places.get((w.worker, s))
+    ]
+    definite = [
+        f"writer {w} #{s} failed with {kind}, committed at {where}"
+        for w, s, kind, where in committed
+        if kind in DEFINITE_FAILURES
+    ]
+    open_fate = Counter(kind for _, _, kind, _ in committed if kind not in DEFINITE_FAILURES)
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(open_fate.items()))
+    failed = sum(len(w.failed) for w in workers)
+    counted = f"{len(committed)} of {failed} failed submissions committed anyway" + (
+        f" ({kinds})" if kinds else ""
+    )
+    return ChaosCheck(
+        "no submission that failed for certain is in the log",
+        not definite,
+        counted if not definite else f"{len(definite)} in the log: {definite[:5]}; {counted}",
+    )
 
 
 def _listed(numbers: Sequence[int]) -> str:
@@ -553,4 +648,4 @@ def lock_failure_total(workers: Sequence[WorkerResult]) -> int:
 
 def failure_kinds(workers: Sequence[WorkerResult]) -> Counter[str]:
     """How many submissions failed, by exception type (information, not a check)."""
-    return Counter(error.split("(", 1)[0] for w in workers for _, error in w.failed)
+    return Counter(failure_kind(error) for w in workers for _, error in w.failed)

@@ -47,6 +47,7 @@ from waltz.chaos.checks import (
     ChaosCheck,
     WorkerResult,
     check_gaps,
+    check_progress,
     check_replicas_on_disk,
     check_run,
     compare_readings,
@@ -334,6 +335,8 @@ def _run(
         else:
             from waltz.chaos.ledger import ledger_checks
 
+            draws = sum(int(w.ledger.get("draws", 0)) for w in results)
+            result.checks.append(check_progress(result.acknowledged, draws))
             result.checks.append(check_gaps(marks, reading, results))
             result.checks += ledger_checks(options.app, db_url, cluster, marks, [w.ledger for w in results])
         if archiver is not None:

@@ -38,6 +38,7 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+from waltz.chaos.checks import DROPPED
 from waltz.chaos.sequence import ChecksumCallbacks, counter_key_for, counter_payload, payload_for
 from waltz.client import (
     Outcome,
@@ -244,7 +245,7 @@ def _submit_all(
             transaction_id = future.result().transaction_id
             with outcomes.lock:
                 if transaction_id is None:
-                    outcomes.failed.append((sequence, "execute returned False"))
+                    outcomes.failed.append((sequence, DROPPED))
                 else:
                     outcomes.acked.append((sequence, context.partition, transaction_id))
         except Exception as exc:
