@@ -7,6 +7,14 @@ deltas in the log is what the balances must add up to (``checks.py``). An operat
 rule (insufficient funds, closed account) is dropped: ``execute`` returns False, nothing reaches
 the log, and :attr:`LedgerOperation.reason` says why.
 
+Nothing the database cannot apply reaches the log: a transaction that fails its apply fails it on
+every instance, for ever, and blocks its partition. So the constructors refuse (``ValueError``,
+naming the argument) an amount or customer ID that is not an ``int`` (a ``bool`` is not one) or is
+outside the columns' range (``BIGINT``: :data:`MIN_BALANCE` .. :data:`MAX_BALANCE`), and a holder's
+name that is not a ``str``, is longer than :data:`MAX_HOLDER_LENGTH` characters, holds a control
+character (PostgreSQL's text cannot hold NUL) or cannot be encoded as UTF-8; and an operation
+whose new balance or total would leave that range is dropped by its rule, as any rule violation.
+
 SmallBank transactions (Alomari et al., ICDE 2008; BenchBase's definitions): Balance (a read,
 not a log transaction: ``LedgerService.balance``), DepositChecking, TransactSavings, Amalgamate,
 WriteCheck, SendPayment. Amalgamate and SendPayment between customers of different partitions
@@ -16,12 +24,16 @@ become two-step transfers (``transfers.py``).
 from __future__ import annotations
 
 import abc
+import unicodedata
 from typing import Any
 
 from waltz.jdbc_style import ChangeSetCallbacks, EntityTransaction, EntityTransactionContext
 from waltz_examples.ledger.models import AccountStatus, Checking, Savings, account_model
 
 __all__ = [
+    "MAX_BALANCE",
+    "MAX_HOLDER_LENGTH",
+    "MIN_BALANCE",
     "Amalgamate",
     "Deactivate",
     "DepositChecking",
@@ -32,6 +44,61 @@ __all__ = [
     "Withdraw",
     "WriteCheck",
 ]
+
+#: The largest balance, amount or total a ledger column holds (a signed 64-bit ``BIGINT``).
+MAX_BALANCE = 2**63 - 1
+
+#: The smallest (a checking balance may be negative: an overdraft).
+MIN_BALANCE = -(2**63)
+
+#: The longest holder's name the ``holder`` column (``String(64)``) holds, in characters.
+MAX_HOLDER_LENGTH = 64
+
+
+def check_cents(value: object, what: str, *, minimum: int = MIN_BALANCE) -> int:
+    """``value`` if it is an ``int`` (not a ``bool``) from ``minimum`` to :data:`MAX_BALANCE`.
+
+    Args:
+        value: the argument.
+        what: the argument's name, for the message.
+        minimum: the smallest value allowed.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``value`` is not such an ``int``.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(
+            f"{what} must be an int (cents, or a customer ID), got {value!r} ({type(value).__name__})"
+        )
+    if not minimum <= value <= MAX_BALANCE:
+        raise ValueError(
+            f"{what} must be from {minimum} to {MAX_BALANCE} (the columns are BIGINT), got {value}"
+        )
+    return value
+
+
+def check_holder(name: object) -> str:
+    """``name`` if a ``holder`` column can store it (see the module's docstring).
+
+    Raises:
+        ValueError: it is not a ``str``, is longer than :data:`MAX_HOLDER_LENGTH` characters, holds
+            a control character, or is not encodable as UTF-8.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"name must be a str, got {name!r} ({type(name).__name__})")
+    if len(name) > MAX_HOLDER_LENGTH:
+        raise ValueError(
+            f"name must be at most {MAX_HOLDER_LENGTH} characters, got {len(name)}: {name[:20]!r}..."
+        )
+    for position, char in enumerate(name):
+        if unicodedata.category(char) in ("Cc", "Cs"):
+            raise ValueError(
+                f"name must hold no control character or lone surrogate, got {char!r} at index {position}"
+            )
+    return name
 
 
 class LedgerOperation(EntityTransactionContext):
@@ -76,6 +143,14 @@ class LedgerOperation(EntityTransactionContext):
     def on_lock_failure(self) -> None:
         self.lock_failures += 1
 
+    def out_of_range(self, value: int, what: str) -> bool:
+        """Whether ``value`` (a new balance or total) leaves the ``BIGINT`` range; if so, drop
+        the attempt saying so (return None from :meth:`apply_rules` next)."""
+        if MIN_BALANCE <= value <= MAX_BALANCE:
+            return False
+        self.drop(f"{what} would be {value}, outside the columns' range {MIN_BALANCE} .. {MAX_BALANCE}")
+        return True
+
     def open_account(self, tx: EntityTransaction, custid: int) -> Any | None:
         """The customer's account if it exists and is open (READ lock); else drop and None."""
         account = tx.get(self.accounts, custid)
@@ -98,9 +173,7 @@ class LedgerOperation(EntityTransactionContext):
 
 
 def _positive(amount: int, what: str) -> int:
-    if amount <= 0:
-        raise ValueError(f"{what} amount must be a positive number of cents, got {amount}")
-    return amount
+    return check_cents(amount, f"{what} amount", minimum=1)
 
 
 class OpenAccount(LedgerOperation):
@@ -109,9 +182,12 @@ class OpenAccount(LedgerOperation):
     op = "open"
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, name: str, savings: int, checking: int):
-        super().__init__(callbacks, (account_model(callbacks), custid))
-        if savings < 0 or checking < 0:
-            raise ValueError(f"initial balances must not be negative, got {savings} and {checking}")
+        super().__init__(callbacks, (account_model(callbacks), check_cents(custid, "custid")))
+        check_holder(name)
+        check_cents(savings, "savings", minimum=0)
+        check_cents(checking, "checking", minimum=0)
+        if savings + checking > MAX_BALANCE:
+            raise ValueError(f"savings + checking must be at most {MAX_BALANCE}, got {savings + checking}")
         self.custid, self.name, self.savings, self.checking = custid, name, savings, checking
         self.expected_models = (self.accounts, Savings, Checking)
 
@@ -142,6 +218,8 @@ class DepositChecking(LedgerOperation):
         checking = tx.get(Checking, self.custid)
         if checking is None:
             self.drop(f"customer {self.custid} has no checking balance")
+            return None
+        if self.out_of_range(checking.balance + self.amount, f"customer {self.custid}'s checking"):
             return None
         tx.update(checking, balance=checking.balance + self.amount)
         return self.amount
@@ -176,7 +254,7 @@ class TransactSavings(LedgerOperation):
 
     def __init__(self, callbacks: ChangeSetCallbacks, custid: int, amount: int):
         super().__init__(callbacks, (account_model(callbacks), custid))
-        if amount == 0:
+        if check_cents(amount, "savings amount", minimum=-MAX_BALANCE) == 0:
             raise ValueError("a savings transaction needs a non-zero amount")
         self.custid, self.amount = custid, amount
 
@@ -186,6 +264,8 @@ class TransactSavings(LedgerOperation):
         savings = tx.get(Savings, self.custid)
         if savings is None or savings.balance + self.amount < 0:
             self.drop(f"customer {self.custid}'s savings cannot cover {-self.amount}")
+            return None
+        if self.out_of_range(savings.balance + self.amount, f"customer {self.custid}'s savings"):
             return None
         tx.update(savings, balance=savings.balance + self.amount)
         return self.amount
@@ -212,6 +292,8 @@ class WriteCheck(LedgerOperation):
         charge = self.amount + 1 if savings.balance + checking.balance < self.amount else self.amount
         if checking.balance - charge < 0:
             tx.meta["overdraft_custid"] = self.custid  # the overdraft rule (checks.py)
+        if self.out_of_range(checking.balance - charge, f"customer {self.custid}'s checking"):
+            return None
         tx.update(checking, balance=checking.balance - charge)
         return -charge
 
@@ -240,6 +322,8 @@ class Amalgamate(LedgerOperation):
             return None
         savings, checking = source
         total = savings.balance + checking.balance
+        if self.out_of_range(target.balance + total, f"customer {self.custid1}'s checking"):
+            return None
         tx.update(savings, balance=0)
         tx.update(checking, balance=0)
         tx.update(target, balance=target.balance + total)
@@ -269,6 +353,8 @@ class SendPayment(LedgerOperation):
         target = tx.get(Checking, self.to_custid)
         if source is None or target is None or source.balance < self.amount:
             self.drop(f"customer {self.from_custid} has insufficient funds for {self.amount}")
+            return None
+        if self.out_of_range(target.balance + self.amount, f"customer {self.to_custid}'s checking"):
             return None
         tx.update(source, balance=source.balance - self.amount)
         tx.update(target, balance=target.balance + self.amount)

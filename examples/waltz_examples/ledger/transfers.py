@@ -49,7 +49,7 @@ from waltz_examples.ledger.models import (
     TransferOutStatus,
     account_model,
 )
-from waltz_examples.ledger.operations import LedgerOperation
+from waltz_examples.ledger.operations import MAX_BALANCE, MIN_BALANCE, LedgerOperation, check_cents
 
 __all__ = [
     "MAX_STEP_BATCH",
@@ -110,11 +110,12 @@ class DebitForTransfer(LedgerOperation):
         kind: str = TransferKind.PAYMENT,
         transfer_id: str | None = None,
     ):
-        super().__init__(callbacks, (account_model(callbacks), from_custid))
+        super().__init__(callbacks, (account_model(callbacks), check_cents(from_custid, "from_custid")))
+        check_cents(to_custid, "to_custid")
         if from_custid == to_custid:
             raise ValueError("a transfer needs two different customers")
-        if kind == TransferKind.PAYMENT and amount <= 0:
-            raise ValueError(f"payment amount must be a positive number of cents, got {amount}")
+        if kind == TransferKind.PAYMENT:
+            check_cents(amount, "payment amount", minimum=1)
         self.from_custid, self.to_custid, self.amount, self.kind = from_custid, to_custid, amount, kind
         self.transfer_id = transfer_id or new_transfer_id()
         self.moved = 0
@@ -133,6 +134,8 @@ class DebitForTransfer(LedgerOperation):
         savings, checking = rows
         if self.kind == TransferKind.AMALGAMATE:
             moved = savings.balance + checking.balance
+            if self.out_of_range(moved, f"the amount moved from customer {self.from_custid}"):
+                return None
             tx.update(savings, balance=0)
             tx.update(checking, balance=0)
         else:
@@ -204,7 +207,8 @@ class CreditTransfers(_TransferStep):
 
     A transfer whose ``TransferIn`` row exists was credited (or rejected) already and is left as
     it is; the attempt is dropped when that holds for all of them. A receiver of several transfers
-    gets one update of its checking.
+    gets one update of its checking. A credit that would take the receiver's checking out of the
+    ``BIGINT`` range is rejected (the sender is refunded), as the credit to a closed account is.
     """
 
     op = "transfer_credit"
@@ -236,7 +240,11 @@ class CreditTransfers(_TransferStep):
                 checking = tx.get(Checking, t.to_custid)
                 is_open = account is not None and account.status == AccountStatus.OPEN
                 receivers[t.to_custid] = checking if is_open else None
-            if receivers[t.to_custid] is not None:
+            receiver = receivers[t.to_custid]
+            new_balance = (
+                None if receiver is None else receiver.balance + credits.get(t.to_custid, 0) + t.amount
+            )
+            if new_balance is not None and MIN_BALANCE <= new_balance <= MAX_BALANCE:
                 outcome = TransferInStatus.CREDITED.value
                 credits[t.to_custid] = credits.get(t.to_custid, 0) + t.amount
                 if t.amount < 0:
@@ -286,8 +294,9 @@ class SettleTransfers(_TransferStep):
 class RefundTransfers(_TransferStep):
     """Step 3b: rejected credits: the senders' checking gets the money back (source partition).
 
-    A row no longer ``pending``, or whose sender has no checking row, is left as it is (the attempt
-    is dropped when no row is refunded). A sender of several refunds gets one update of its checking.
+    A row no longer ``pending``, or whose sender has no checking row or whose refund would take the
+    sender's checking out of the ``BIGINT`` range, is left as it is (the attempt is dropped when no
+    row is refunded). A sender of several refunds gets one update of its checking.
     """
 
     op = "transfer_refund"
@@ -308,8 +317,12 @@ class RefundTransfers(_TransferStep):
                 continue
             if row.from_custid not in senders:
                 senders[row.from_custid] = tx.get(Checking, row.from_custid)
-            if senders[row.from_custid] is None:
+            sender = senders[row.from_custid]
+            if sender is None:
                 self.drop(f"customer {row.from_custid} has no checking balance")
+                continue  # stays pending
+            refunded = sender.balance + refunds.get(row.from_custid, 0) + row.amount
+            if self.out_of_range(refunded, f"customer {row.from_custid}'s checking"):
                 continue  # stays pending
             tx.update(row, status=TransferOutStatus.REFUNDED.value)
             refunds[row.from_custid] = refunds.get(row.from_custid, 0) + row.amount

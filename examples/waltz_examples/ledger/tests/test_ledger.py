@@ -112,6 +112,50 @@ def test_the_bank_operations_keep_their_rules(
         assert ledger.callbacks.uncaught_count == 0
 
 
+@pytest.mark.parametrize("ledger_db", ["postgresql"], indirect=True)
+def test_arguments_and_balances_the_database_cannot_store_never_reach_the_log(
+    ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
+) -> None:
+    """An amount past BIGINT, a bool or float amount, a holder's name too long, with NUL or not a
+    str are refused before anything is submitted; a deposit or savings transaction whose new
+    balance would pass BIGINT is dropped by its rule. Nothing reaches the log (the partition's
+    high-water mark stays), so no apply fails for ever: the next deposit is applied and read."""
+    name = f"poison-{os.urandom(4).hex()}"
+    b = random.randrange(1, 10**9) * ledger_cluster.num_partitions
+    one, new = b + 1, b + 5  # one partition
+    with service(ledger_config, ledger_db, name) as ledger:
+        opened = ledger.open_account(one, "alice", savings=100, checking=100)
+        assert opened.committed and opened.transaction_id is not None
+        mark = ledger.client.get_high_water_mark(opened.partition_id)
+        refused: list[tuple[Any, str]] = [
+            (lambda: ledger.deposit(one, 2**63), "deposit amount"),
+            (lambda: ledger.deposit(one, True), "deposit amount"),
+            (lambda: ledger.deposit(one, 0.5), "deposit amount"),  # type: ignore[arg-type]
+            (lambda: ledger.withdraw(one, 10**30), "withdrawal amount"),
+            (lambda: ledger.transact_savings(one, -(2**63)), "savings amount"),
+            (lambda: ledger.transfer(one, new, 2**64), "payment amount"),
+            (lambda: ledger.transfer(one, b + 2, 2**64), "payment amount"),  # across partitions
+            (lambda: ledger.open_account(new, "x" * 65), "name"),
+            (lambda: ledger.open_account(new, "bob\x00"), "name"),
+            (lambda: ledger.open_account(new, "\ud800"), "name"),
+            (lambda: ledger.open_account(new, 7), "name"),  # type: ignore[arg-type]
+            (lambda: ledger.open_account(new, "bob", 2**63 - 1, 1), r"savings \+ checking"),
+            (lambda: ledger.open_account(2**63, "bob"), "custid"),
+        ]
+        for call, argument in refused:
+            with pytest.raises(ValueError, match=argument):
+                call()
+        for dropped in (ledger.deposit(one, 2**63 - 1), ledger.transact_savings(one, 2**63 - 1)):
+            assert not dropped.committed and "outside the columns' range" in (dropped.reason or ""), dropped
+        assert ledger.client.get_high_water_mark(opened.partition_id) == mark
+        assert ledger.open_account(new, "b" * 64).committed  # 64 characters fit
+
+        deposit = ledger.deposit(one, 1)
+        assert deposit.committed
+        assert ledger.balance(one, wait_for=deposit, timeout=30) == (100, 101)
+        assert ledger.callbacks.uncaught_count == 0
+
+
 def test_a_batched_run_on_a_hot_customer_passes_every_check(
     ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
 ) -> None:
