@@ -279,13 +279,27 @@ def _counter_id(text: str) -> int:
     return int(text)
 
 
+def _unique_fields(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's fields as a dict; a field given twice is a bad request (not last wins)."""
+    fields: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in fields:
+            raise BadRequestError(f"duplicate field {key!r} in the body: give each field once")
+        fields[key] = value
+    return fields
+
+
 def _amount(body: bytes | None) -> int:
     example = 'send {"amount": 5} with Content-Type: application/json'
     if not body:
         raise BadRequestError(f"the request has no body: {example}")
     try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = json.loads(body, object_pairs_hook=_unique_fields)
+    except BadRequestError:
+        raise
+    except RecursionError:
+        raise BadRequestError(f"the body is not JSON we read (nested too deeply): {example}") from None
+    except ValueError as exc:  # not UTF-8, not JSON, an integer of more than 4300 digits
         raise BadRequestError(f"the body is not JSON ({exc}): {example}") from None
     if not isinstance(document, dict):
         raise BadRequestError(f"the body must be a JSON object, not {type(document).__name__}: {example}")

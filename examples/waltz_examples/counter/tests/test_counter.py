@@ -330,6 +330,9 @@ def test_http_api_changes_reads_and_refuses(api: CounterHttpServer) -> None:
         (f"{base}/decrement", {"amount": 1, "note": "x"}, "unknown fields ['note']"),
         (f"{base}/decrement", [1], "must be a JSON object"),
         (f"{base}/increment", b"{amount: 1", "the body is not JSON"),
+        (f"{base}/increment", b'{"amount": ' + b"9" * 4301 + b"}", "the body is not JSON"),  # int limit
+        (f"{base}/increment", b"[" * 60000, "the body is not JSON"),  # nested past the recursion limit
+        (f"{base}/increment", b'{"amount": 1, "amount": 2}', "duplicate field 'amount'"),
         (f"{base}/increment", None, "the request has no body"),
         ("/counters/abc/increment", {"amount": 1}, "counter ID 'abc' is not an integer"),
         ("/counters/-1/increment", {"amount": 1}, "counter ID '-1' is not an integer"),
