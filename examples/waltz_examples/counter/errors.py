@@ -61,7 +61,9 @@ class CounterRequestTimeoutError(CounterServiceError, TimeoutError):
     Attributes:
         committed: True when the log committed the change (this database has not applied it yet:
             it will), False when it certainly did not commit (safe to retry), None when unknown
-            (an attempt was still in flight: read the counter before retrying).
+            (an attempt was still in flight: it may still commit; a retry then applies the change
+            twice, and with other writers reading the counter cannot tell; the counter has no
+            request IDs, see its README).
         transaction_id: the committed transaction's ID when ``committed`` is True.
     """
 

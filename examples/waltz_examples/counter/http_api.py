@@ -26,7 +26,9 @@ do>"}``):
 
 A change that does not complete within the service's request timeout answers 503 with
 ``"committed"``: true (it will be applied: do not retry), false (safe to retry) or null (unknown:
-read the counter first). Connections are kept alive (HTTP/1.1).
+a retry applies the change twice if the first one commits, and with other writers reading the
+counter cannot tell; the counter has no request IDs, see its README). Connections are kept alive
+(HTTP/1.1).
 """
 
 from __future__ import annotations

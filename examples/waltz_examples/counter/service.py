@@ -276,7 +276,8 @@ class CounterService:
             self._count("timeouts")
             raise CounterRequestTimeoutError(
                 f"changing counter {counter_id} by {delta} had no outcome within {self.request_timeout:g}s "
-                "(is the Waltz cluster reachable?); it may still commit: read the counter before retrying",
+                "(is the Waltz cluster reachable?); it may still commit, and a retry would then apply "
+                "it twice (the counter has no request IDs: see its README)",
                 committed=None,
             ) from exc
         if transaction_id is None:

@@ -328,7 +328,12 @@ class LedgerService:
         return self.run(WriteCheck(self.callbacks, custid, amount))
 
     def transfer(self, from_custid: int, to_custid: int, amount: int) -> Outcome:
-        """Pay from one customer's checking to another's (two-step across partitions)."""
+        """Pay from one customer's checking to another's (two-step across partitions).
+
+        Every call is a new payment (across partitions, under a new transfer ID): a call retried
+        after a timeout whose first attempt committed pays twice (the ledger has no request IDs;
+        see its README, and the wallet example's ``request_id`` for applying a request once).
+        """
         operation = self.payment(from_custid, to_custid, amount)
         transfer_id = operation.transfer_id if isinstance(operation, DebitForTransfer) else None
         return self.run(operation, transfer_id=transfer_id)
