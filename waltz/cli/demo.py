@@ -111,9 +111,10 @@ def demo(
     the ledger's first release and deploys its model changes mid-run (a new column, a renamed one);
     then
     checks that every transaction was applied exactly once, money is conserved (counting money
-    in flight), every transfer completed once, no balance broke the rules, and every replica holds
-    the same records; finally rebuilds the ledger from the log with Spark and checks that the live
-    database has not drifted from it (needs the spark extra). Exits 1 if any check fails.
+    in flight), every transfer completed once, no balance broke the rules, the database holds
+    every row as the log last wrote it, and every replica holds the same records; finally
+    rebuilds the ledger from the log with Spark and checks that the live database has not
+    drifted from it (needs the spark extra). Exits 1 if any check fails.
     With --batch the instances submit through an EntityBatcher and the run prints the batches
     and the operations they carried.
     """

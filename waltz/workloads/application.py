@@ -36,11 +36,12 @@ if TYPE_CHECKING:
 
     from waltz.client import WaltzClient, WaltzClientConfig
     from waltz.client.outcome import Outcome
-    from waltz.jdbc_style import ChangeSetCallbacks
+    from waltz.jdbc_style import ChangeSet, ChangeSetCallbacks
     from waltz.spark.views import AppViews
 
 __all__ = [
     "DEFAULT_APPLICATION",
+    "ChangeSetInvariants",
     "Check",
     "EvolvingApplication",
     "Invariants",
@@ -175,6 +176,26 @@ class Invariants(Protocol):
     def checks(self, engine: Engine) -> list[Check]:
         """The invariants' verdicts, once the log was observed up to the servers' high-water marks
         and the database applied it."""
+        ...
+
+
+@runtime_checkable
+class ChangeSetInvariants(Invariants, Protocol):
+    """Invariants that also take in the row changes of the log's read (docs/design/overview.md,
+    "Workloads"): each change-set the live apply applies, so that they can replay the log into
+    the rows it leaves and compare them with the database's."""
+
+    def observe_change_set(self, partition_id: int, transaction_id: int, change_set: ChangeSet) -> None:
+        """Take in one change-set of the log, as decoded (its row changes at the schema version
+        they were written with), one call at a time, in log order within a partition; the members
+        of a batch the live apply skips (an idempotency key repeated within the transaction) are
+        not passed.
+
+        Args:
+            partition_id: the partition of its log transaction.
+            transaction_id: that transaction's ID.
+            change_set: the change-set (a member of a batch, or the transaction's only one).
+        """
         ...
 
 

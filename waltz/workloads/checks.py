@@ -11,8 +11,10 @@ transaction is applied (docs/design/overview.md, "Workloads"), in this order:
 - **the log read from the start holds the same transactions**: a fresh client (no database)
   reads every partition up to the marks and counts them;
 - the application's own :class:`~waltz.workloads.application.Invariants`, which saw the
-  ``meta`` of every change-set of that read (for the ledger: money conserved, transfers exactly
-  once, the balance rules);
+  ``meta`` of every change-set of that read, and, when they are
+  :class:`~waltz.workloads.application.ChangeSetInvariants`, every change-set the live apply
+  applies (for the ledger: money conserved, transfers exactly once, the balance rules, and every
+  row of its tables as the log last wrote it);
 - **replicas identical**, when the run knows the cluster's nodes: every storage replica of every
   partition holds the same records up to the mark;
 - **the log holds every schema version**, when the run changed the models (a rolling deploy,
@@ -34,11 +36,11 @@ from waltz import WaltzClientCallbacks
 from waltz.client.config import WaltzClientConfig
 from waltz.client.reading import read_up_to
 from waltz.client.transaction import Transaction
-from waltz.jdbc_style import CHANGE_SET_HEADER, decode_members
+from waltz.jdbc_style import CHANGE_SET_HEADER, ChangeSet, decode_members
 from waltz.jdbc_style.changeset import repeated_key_members
 from waltz.jdbc_style.schema import high_water_marks
 from waltz.protocol.split_records import SPLIT_RECORD_HEADER
-from waltz.workloads.application import Check, SmallBankApplication
+from waltz.workloads.application import ChangeSetInvariants, Check, SmallBankApplication
 
 __all__ = [
     "Check",
@@ -68,11 +70,18 @@ class LogTally:
 
 
 class _Reader(WaltzClientCallbacks):
-    """Counts what a fresh client reads, and hands each change-set's meta to ``observe``."""
+    """Counts what a fresh client reads, hands each change-set's meta to ``observe`` and each
+    change-set the live apply applies to ``observe_change_set``."""
 
-    def __init__(self, tally: LogTally, observe: Callable[[Mapping[str, Any]], None] | None) -> None:
+    def __init__(
+        self,
+        tally: LogTally,
+        observe: Callable[[Mapping[str, Any]], None] | None,
+        observe_change_set: Callable[[int, int, ChangeSet], None] | None = None,
+    ) -> None:
         self.tally = tally
         self.observe = observe
+        self.observe_change_set = observe_change_set
         self.marks: dict[int, int] = {}
         self.lock = threading.Lock()
 
@@ -88,6 +97,7 @@ class _Reader(WaltzClientCallbacks):
             metas: list[dict[str, Any]] = [{}]
             changes: tuple[tuple[str, int], ...] = ()
             applied: tuple[int, ...] = (0,)
+            members: tuple[ChangeSet, ...] = ()
             if t.header == CHANGE_SET_HEADER:
                 members = decode_members(t.get_raw_data())
                 metas = [dict(member.meta) for member in members]  # a batch: each member's
@@ -106,6 +116,9 @@ class _Reader(WaltzClientCallbacks):
                 if self.observe is not None:
                     for meta in metas:
                         self.observe(meta)
+                if self.observe_change_set is not None:
+                    for index in applied if members else ():
+                        self.observe_change_set(t.partition_id, t.transaction_id, members[index])
                 self.marks[t.partition_id] = t.transaction_id
 
     def uncaught_exception(self, partition_id: int, transaction_id: int, exception: BaseException) -> None:
@@ -117,6 +130,7 @@ def read_log(
     high_water_marks: dict[int, int],
     *,
     observe: Callable[[Mapping[str, Any]], None] | None = None,
+    observe_change_set: Callable[[int, int, ChangeSet], None] | None = None,
     timeout: float = 300.0,
 ) -> LogTally:
     """Read every transaction from the start with a fresh client (no database) and tally it.
@@ -127,6 +141,10 @@ def read_log(
         observe: called with the ``meta`` of each change-set (each member of a batch; an empty
             one for a transaction that is not a change-set), one call at a time, in log order
             within a partition.
+        observe_change_set: called with the partition, the transaction ID and each change-set
+            the live apply applies (a batch's members but those whose idempotency key an
+            earlier member of the transaction carried), one call at a time, in log order within
+            a partition (:meth:`~waltz.workloads.application.ChangeSetInvariants.observe_change_set`).
         timeout: seconds the read may take.
 
     Returns:
@@ -134,7 +152,7 @@ def read_log(
         version, and the members of each batched transaction.
     """
     tally = LogTally()
-    read_up_to(_Reader(tally, observe), config, high_water_marks, timeout=timeout)
+    read_up_to(_Reader(tally, observe, observe_change_set), config, high_water_marks, timeout=timeout)
     return tally
 
 
@@ -166,7 +184,8 @@ def check_application(
         The checks, in the order of the module docstring.
     """
     invariants = application.invariants()
-    tally = read_log(client_config, server_marks, observe=invariants.observe)
+    fold = invariants.observe_change_set if isinstance(invariants, ChangeSetInvariants) else None
+    tally = read_log(client_config, server_marks, observe=invariants.observe, observe_change_set=fold)
     checks = [
         _marks_check(server_marks, _database_marks(engine, cluster_name)),
         applied_once_check(
