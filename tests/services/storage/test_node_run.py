@@ -288,3 +288,26 @@ def test_one_directory_serves_one_node(tmp_path: Path) -> None:
         first.close()
     with StorageNode(path) as second:  # the first one let it go
         assert second.assigned_partitions() == [0, 1]
+
+
+def test_an_admin_open_does_not_create_a_control_file_over_partition_data(tmp_path: Path) -> None:
+    """Partition data that appears without a control file after the node started (a restore of
+    the partition directories alone) is refused by the initialising admin open too: a fresh
+    control file would reset its fences and committed floor."""
+    import shutil
+
+    from waltz.errors import ConfigurationError
+    from waltz.services.storage.control_file import ControlFile
+
+    source = tmp_path / "source"
+    _open_node(source, 1).close()
+    path = tmp_path / "storage"
+    with StorageNode(path) as node:
+        shutil.copytree(source / "0", path / "0")
+        files = {child.name: child.read_bytes() for child in (path / "0").iterdir()}
+        with pytest.raises(ConfigurationError, match="holds partition data but no control file"):
+            node.admin_open(str(uuid.uuid4()), 1)
+        assert not ControlFile.path_in(path).exists()
+        assert {child.name: child.read_bytes() for child in (path / "0").iterdir()} == files
+    with pytest.raises(ConfigurationError, match=r"move the partition directories away to start empty"):
+        StorageNode(path).start()

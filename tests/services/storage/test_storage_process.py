@@ -329,3 +329,34 @@ def test_a_failure_response_names_no_path_of_the_node() -> None:
     )
     message = failure_for(corrupt).exception.message
     assert "/var/lib" not in message and "file 3/00000000000000000000.seg, partition 3" in message
+
+
+def test_a_node_whose_control_file_is_lost_refuses_to_start_and_keeps_its_records(
+    storage_node: LocalStorageNode, cluster_key: str
+) -> None:
+    """Fences and the committed floor live in the control file only: a node that started without
+    it over its old segments, and let an admin open create a fresh one (fence -1, low-water mark
+    -1), would take a fenced store session's truncate of committed records."""
+    from waltz.local.processes import ServiceStartError
+    from waltz.services.storage.control_file import ControlFile
+
+    batch = records(0, 10)
+
+    async def write() -> None:
+        async with session(storage_node, cluster_key, 9) as s:
+            await s.append(0, batch)
+            await s.set_low_water_mark(0, 9)
+
+    run(write())
+    assert storage_node.stop() == 0
+    ControlFile.path_in(storage_node.directory).unlink()
+    segments = {path: path.read_bytes() for path in (storage_node.directory / "0").iterdir()}
+    with pytest.raises(ServiceStartError):
+        storage_node.start()
+    assert storage_node.process.returncode == 1
+    log = storage_node.process.log_path.read_text()  # type: ignore[union-attr]
+    assert "holds partition data but no control file" in log
+    assert "restore waltz-storage.ctl from a backup of this node" in log
+    assert "Traceback" not in log
+    assert not ControlFile.path_in(storage_node.directory).exists()
+    assert {path: path.read_bytes() for path in (storage_node.directory / "0").iterdir()} == segments

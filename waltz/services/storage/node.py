@@ -215,7 +215,36 @@ class StorageNode:
                 len(self._partitions) + len(self._broken),
             )
         else:
+            self._refuse_partition_data_without_control()
             log.info("storage node %s: not initialised yet (waiting for an admin open)", self.directory)
+
+    def _refuse_partition_data_without_control(self) -> None:
+        """Refuse a storage directory whose partition directories hold segments but which has no
+        control file: the fences and the committed floor lived in the lost file only, and a fresh
+        one (fence -1, low-water mark -1) would let a fenced store session truncate committed
+        records (docs/design/storage.md, "Control file").
+
+        Raises:
+            ConfigurationError: a partition directory (assigned or kept unassigned) holds a
+                segment or index file.
+        """
+        kept: list[Path] = []
+        found = list(fmt.partition_directories(self.directory, kept).values()) + kept
+        holding = [
+            child.name
+            for child in found
+            if any(entry.suffix in (fmt.SEGMENT_SUFFIX, fmt.INDEX_SUFFIX) for entry in child.iterdir())
+        ]
+        if holding:
+            raise ConfigurationError(
+                f"storage directory {self.directory} holds partition data but no control file "
+                f"({ControlFile.path_in(self.directory).name} is missing; segments in partition "
+                f"directories {', '.join(holding)}); restore waltz-storage.ctl from a backup of "
+                "this node, or move the partition directories away to start empty (the cluster's "
+                "recovery then copies the partitions back from other replicas). Their fences and "
+                "committed floor were kept in that file only: a new one would let a fenced store "
+                'session truncate committed records (docs/design/storage.md, "Control file")'
+            )
 
     def _open_partition(self, partition_id: int, first_transaction_id: int = 0) -> None:
         control = self._require_control()
@@ -350,6 +379,9 @@ class StorageNode:
             ClusterKeyMismatchError: the node belongs to another cluster, or ``num_partitions``
                 does not divide its partition count (:func:`accepts_count`).
             StorageNotInitializedError: the node has no control file and ``initialise`` is False.
+            ConfigurationError: the node has no control file but its partition directories hold
+                segments (restored or left behind): a new control file would reset their fences
+                and committed floor; nothing is written.
         """
         with self._lock:
             if self._control is None:
@@ -368,6 +400,7 @@ class StorageNode:
                     raise ClusterKeyMismatchError(
                         f"cannot initialise with {num_partitions} partitions (1..{MAX_PARTITIONS})"
                     )
+                self._refuse_partition_data_without_control()
                 self._control = ControlFile.create(self.directory, key, num_partitions)
                 return
             self._check_identity(self._control, cluster_key, num_partitions)
