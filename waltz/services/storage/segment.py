@@ -238,6 +238,7 @@ class Segment:
         file_size = os.fstat(data_fd).st_size
         trusted = (index_entries // self._checkpoint_interval) * self._checkpoint_interval
         position = fmt.HEADER_SIZE
+        beyond_data = False
         while trusted > 0:
             try:
                 offset = self._index_entries(trusted - 1, 1, bound=file_size)[0]
@@ -246,6 +247,7 @@ class Segment:
                 break
             except CorruptDataError:
                 # The checkpoint itself is not usable: fall back to the previous one.
+                beyond_data = beyond_data or self._checkpoint_beyond_data(trusted - 1, file_size)
                 trusted -= self._checkpoint_interval
         rebuilt: list[int] = []
         corruption: CorruptionInfo | None = None
@@ -309,6 +311,8 @@ class Segment:
                 corruption.transaction_id,
                 corruption.reason,
             )
+        if beyond_data and trusted + len(rebuilt) < index_entries:
+            self._report_lost_records(first + trusted + len(rebuilt), first + index_entries - 1)
         entries = fmt.encode_offsets(rebuilt)
         index_end = fmt.HEADER_SIZE + trusted * fmt.INDEX_ENTRY_SIZE
         _write_fully(index_fd, entries, index_end)
@@ -318,6 +322,52 @@ class Segment:
         self._index_flushed_count = self.count
         self.valid_end = position
         self.corruption = corruption
+
+    def _checkpoint_beyond_data(self, entry: int, file_size: int) -> bool:
+        """Whether index entry ``entry`` (a checkpoint's) lies beyond the end of the data file
+        while following the entry before it, as a written entry does (a torn write of the index
+        leaves bytes that do not): the data is flushed before each checkpoint, so its records
+        were flushed and are lost (docs/design/storage.md, "Start-up checks and torn tails")."""
+        _, index_fd = self._fds()
+        start = fmt.HEADER_SIZE + max(entry - 1, 0) * fmt.INDEX_ENTRY_SIZE
+        wanted = (2 if entry > 0 else 1) * fmt.INDEX_ENTRY_SIZE
+        raw = os.pread(index_fd, wanted, start)
+        if len(raw) != wanted:
+            return False
+        offsets = fmt.decode_offsets(raw)
+        previous = offsets[0] if entry > 0 else fmt.HEADER_SIZE - 1
+        return fmt.HEADER_SIZE <= previous < offsets[-1] and offsets[-1] >= file_size
+
+    def _report_lost_records(self, first_lost: int, last_lost: int) -> None:
+        """Log the flushed records of ``first_lost`` to ``last_lost`` that the data file lost, and
+        keep the index that lists them as ``<index file>.lost-<first_lost>`` (start-up never
+        reads it; ``waltz disk verify`` reports it as an ERROR until it is removed)."""
+        target = self.index_path.with_name(f"{self.index_path.name}.lost-{first_lost}")
+        kept = ""
+        try:
+            fd = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            try:
+                _write_fully(fd, self.index_path.read_bytes(), 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            fsync_directory(self.index_path.parent)
+            kept = f"; the index that lists them is kept in {target}"
+        except OSError as exc:
+            kept = f"; the index that lists them could not be kept in {target} ({exc})"
+        log.error(
+            "partition %d: transactions %d to %d, flushed (the index checkpoint past them was "
+            "written after their data was flushed), are missing from %s: the data file lost them, "
+            "and the segment now ends at transaction %d%s. Restore the data file from a backup, or "
+            "let the cluster's recovery copy them back from other replicas, then remove the kept "
+            "index",
+            self.partition_id,
+            first_lost,
+            last_lost,
+            self.data_path,
+            first_lost - 1,
+            kept,
+        )
 
     def _next_record_follows(self, expected: int, position: int, file_size: int) -> bool:
         """Whether a valid record of transaction ``expected + 1`` starts after ``position`` (within a

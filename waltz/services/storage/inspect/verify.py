@@ -219,6 +219,8 @@ def verify_segment(
             state, complete = _scan_segment(segment, index, out, is_last, checkpoint_interval)
             if index is not None:
                 _check_index_size(index, state, complete, is_last, out)
+                if is_last:
+                    _check_lost_records(segment, index, state, checkpoint_interval, out)
         finally:
             if index is not None:
                 index.close()
@@ -437,6 +439,35 @@ def _resync(
     return None
 
 
+def _check_lost_records(
+    segment: SegmentFile, index: IndexFile, state: _ScanState, interval: int, out: _Problems
+) -> None:
+    """An ERROR when an index checkpoint of the last segment lies beyond the end of its data file,
+    following the entry before it: the data is flushed before each checkpoint, so the records it
+    and the index after it list were flushed and are lost; start-up logs the same as an error
+    (docs/design/storage.md, "Start-up checks and torn tails")."""
+    checkpoint = (index.entry_count // interval) * interval
+    while checkpoint > 0:
+        offset = index.entry(checkpoint - 1)
+        previous = index.entry(checkpoint - 2) if checkpoint > 1 else fmt.HEADER_SIZE - 1
+        if offset is not None and previous is not None and fmt.HEADER_SIZE - 1 <= previous < offset:
+            if offset >= segment.file_size and state.expected < index.entry_count:
+                first = segment.header.first_transaction_id
+                _Problems(index.path, out.partition_id, out.found).add(
+                    Severity.ERROR,
+                    f"transactions {first + state.expected} to {first + index.entry_count - 1} are "
+                    f"lost: index checkpoint entry {checkpoint - 1} holds offset {offset}, beyond the "
+                    f"end of the data file ({segment.file_size} bytes), and the data is flushed before "
+                    "each checkpoint; start-up cuts them from the index (keeping it as "
+                    f"{index.path.name}.lost-{first + state.expected}). Restore the data file from a "
+                    "backup, or let the cluster's recovery copy them back from other replicas",
+                    index.entry_offset(checkpoint - 1),
+                    first + checkpoint - 1,
+                )
+            return
+        checkpoint -= interval
+
+
 def _check_index_size(
     index: IndexFile, state: _ScanState, complete: bool, is_last: bool, out: _Problems
 ) -> None:
@@ -469,6 +500,14 @@ def _segment_paths(
                 "a segment with this first transaction ID"
             )
             out.append(Problem(Severity.WARNING, message, index_path, partition_id))
+    for kept in sorted(directory.glob("*" + fmt.INDEX_SUFFIX + ".lost-*")):
+        message = (
+            f"start-up found transactions from {kept.name.rpartition('-')[2]} on, which this kept "
+            "index lists and whose data had been flushed, missing from the data file: they were "
+            "lost. Restore them from a backup or let the cluster's recovery copy them back from "
+            "other replicas, then remove this file"
+        )
+        out.append(Problem(Severity.ERROR, message, kept, partition_id))
     if paths and paths[-1].stat().st_size <= fmt.HEADER_SIZE:
         # As segment_chain.open_segments: a last segment of at most a header that does not open is an
         # interrupted segment roll (or an interrupted creation of the first segment).
