@@ -147,3 +147,30 @@ def test_a_server_tls_file_that_cannot_work_is_a_configuration_error_before_zook
         assert done.returncode == 2, (expected, done.stderr)
         assert f"error: {expected}" in done.stderr
         assert "ZooKeeper" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_storage_node_whose_control_file_is_damaged_says_so(tmp_path: Path) -> None:
+    """A truncated control file, or one of an unknown format version, is one ``error:`` line
+    naming the file, not a traceback."""
+    import uuid
+
+    from waltz.services.storage.control_file import ControlFile
+
+    for damage in ("truncated", "version"):
+        directory = tmp_path / damage
+        directory.mkdir(mode=0o700)
+        ControlFile.create(directory, uuid.uuid4(), 1).close()
+        path = ControlFile.path_in(directory)
+        data = path.read_bytes()
+        damaged = data[:-10] if damage == "truncated" else (9).to_bytes(4, "big") + data[4:]
+        path.write_bytes(damaged)
+        done = _start(
+            "storage", "start", "--directory", str(directory), "--port", "0", "--admin-port", "0",
+            "--metrics-port", "0",
+        )  # fmt: skip
+        assert done.returncode == 1, done.stderr
+        assert "Traceback" not in done.stderr
+        (line,) = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert str(path) in line
+        assert "restore that file from a backup of this node" in line
+        assert path.read_bytes() == damaged  # left as it was found

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from waltz.config import load_settings
-from waltz.errors import ConfigurationError
+from waltz.errors import ConfigurationError, CorruptDataError
 from waltz.logs import configure_logging
 from waltz.protocol.channels import BindError
 
@@ -78,6 +78,14 @@ def start(
         run_storage(settings)
     except (BindError, ConfigurationError) as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    except CorruptDataError as exc:  # the control file is damaged or of an unknown version
+        typer.echo(
+            f"error: storage.directory {settings.directory}: {exc}; the node does not start on files "
+            f"it cannot read: if a newer waltz wrote it, run that one; otherwise restore that file from "
+            "a backup of this node (waltz disk control and waltz disk verify show what it holds)",
+            err=True,
+        )
         raise typer.Exit(1) from exc
     except OSError as exc:  # the directory cannot be made or used (a file in its path, no rights)
         typer.echo(f"error: storage.directory {settings.directory}: {exc}", err=True)
