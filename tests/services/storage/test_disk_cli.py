@@ -783,8 +783,9 @@ def test_a_lone_segment_cut_short_at_its_creation_is_a_warning_as_start_up_repai
         assert partition.max_transaction_id == -1 and data.stat().st_size == fmt.HEADER_SIZE
 
 
+@pytest.mark.parametrize(("interval", "written", "kept"), [(10, 25, 15), (1, 1, 0)])
 def test_flushed_records_missing_from_the_data_file_are_an_error_and_their_index_is_kept(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, interval: int, written: int, kept: int
 ) -> None:
     """The data is flushed before each index checkpoint, so a checkpoint entry beyond the end of
     the data file proves that flushed (acknowledged) records were lost: start-up logs an ERROR
@@ -792,27 +793,27 @@ def test_flushed_records_missing_from_the_data_file_are_an_error_and_their_index
     directory = tmp_path / "lost"
     directory.mkdir()
     with ControlFile.create(directory, CLUSTER_KEY, 1) as control:
-        partition = StoragePartition.create(directory / "0", 0, control, checkpoint_interval=10)
+        partition = StoragePartition.create(directory / "0", 0, control, checkpoint_interval=interval)
         try:
-            partition.append([record(i) for i in range(25)])
+            partition.append([record(i) for i in range(written)])
         finally:
             partition.close()
     data, index = segment_path(directory, 0), segment_path(directory, 0, fmt.INDEX_SUFFIX)
     listed = index.read_bytes()
-    os.truncate(data, offset_of(15))  # transactions 15..24 gone; the flushed index lists them
-    before = waltz("verify", directory, "--checkpoint-interval", "10")
+    os.truncate(data, offset_of(kept))  # the flushed index lists the records cut off
+    before = waltz("verify", directory, "--checkpoint-interval", str(interval))
     assert before.exit_code == 1, before.output
-    assert any("15 to 24" in line for line in problem_lines(before, "ERROR")), before.output
+    assert any(f"{kept} to {written - 1}" in line for line in problem_lines(before, "ERROR")), before.output
     with ControlFile.open(directory) as control, caplog.at_level(logging.ERROR):
-        partition = StoragePartition.create(directory / "0", 0, control, checkpoint_interval=10)
+        partition = StoragePartition.create(directory / "0", 0, control, checkpoint_interval=interval)
         try:
-            assert partition.max_transaction_id == 14
+            assert partition.max_transaction_id == kept - 1
         finally:
             partition.close()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
-    assert any("transactions 15 to 24" in message for message in errors), errors
-    kept = list((directory / "0").glob("*.lost-*"))
-    assert [path.read_bytes() for path in kept] == [listed]
-    after = waltz("verify", directory, "--checkpoint-interval", "10")
+    assert any(f"transactions {kept} to {written - 1}" in message for message in errors), errors
+    copies = list((directory / "0").glob("*.lost-*"))
+    assert [path.read_bytes() for path in copies] == [listed]
+    after = waltz("verify", directory, "--checkpoint-interval", str(interval))
     assert after.exit_code == 1, after.output
-    assert any("transactions from 15 on" in line for line in problem_lines(after, "ERROR")), after.output
+    assert any(f"transactions from {kept} on" in line for line in problem_lines(after, "ERROR")), after.output

@@ -335,8 +335,10 @@ class Segment:
         if len(raw) != wanted:
             return False
         offsets = fmt.decode_offsets(raw)
-        previous = offsets[0] if entry > 0 else fmt.HEADER_SIZE - 1
-        return fmt.HEADER_SIZE <= previous < offsets[-1] and offsets[-1] >= file_size
+        previous, lowest = (
+            (offsets[0], fmt.HEADER_SIZE) if entry > 0 else (fmt.HEADER_SIZE - 1, fmt.HEADER_SIZE - 1)
+        )
+        return lowest <= previous < offsets[-1] and offsets[-1] >= file_size
 
     def _report_lost_records(self, first_lost: int, last_lost: int) -> None:
         """Log the flushed records of ``first_lost`` to ``last_lost`` that the data file lost, and

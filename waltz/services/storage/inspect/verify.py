@@ -450,7 +450,8 @@ def _check_lost_records(
     while checkpoint > 0:
         offset = index.entry(checkpoint - 1)
         previous = index.entry(checkpoint - 2) if checkpoint > 1 else fmt.HEADER_SIZE - 1
-        if offset is not None and previous is not None and fmt.HEADER_SIZE - 1 <= previous < offset:
+        lowest = fmt.HEADER_SIZE if checkpoint > 1 else fmt.HEADER_SIZE - 1
+        if offset is not None and previous is not None and lowest <= previous < offset:
             if offset >= segment.file_size and state.expected < index.entry_count:
                 first = segment.header.first_transaction_id
                 _Problems(index.path, out.partition_id, out.found).add(
