@@ -18,6 +18,7 @@ from waltz.errors import CrossPartitionError
 from waltz.local.cluster import LocalCluster
 from waltz.local.processes import wait_until
 from waltz.workloads.checks import Check, check_application
+from waltz_examples.ledger.checks import ROWS_CHECK
 from waltz_examples.ledger.models import Checking, TransferIn, TransferOut, applied_transactions
 from waltz_examples.ledger.operations import DepositChecking
 from waltz_examples.ledger.service import LedgerService, prepare_database
@@ -220,10 +221,6 @@ def test_a_batched_run_on_a_hot_customer_passes_every_check(
         assert once and f"missing [({tid}, 1)] (1), extra [] (0)" in once[0].detail, failed
 
 
-#: The check that the database holds what the log says, row by row (``checks.py``).
-ROWS_CHECK = "the database holds each row as the log last wrote it"
-
-
 def test_the_checks_find_a_database_that_differs_from_the_log_row_by_row(
     ledger_cluster: LocalCluster, ledger_config: WaltzClientConfig, ledger_db: str
 ) -> None:
@@ -312,7 +309,6 @@ def test_the_row_check_replays_the_log_as_the_apply_and_the_rebuild_do(tmp_path:
     row, a change-set repeating an earlier one's idempotency key passed over; a database that
     differs fails naming the row."""
     from waltz.jdbc_style import ChangeSet, Operation, RowChange
-    from waltz_examples.ledger.checks import ROWS_CHECK as CHECK
     from waltz_examples.ledger.checks import LedgerInvariants
     from waltz_examples.ledger.models import Account, Savings
 
@@ -341,7 +337,7 @@ def test_the_row_check_replays_the_log_as_the_apply_and_the_rebuild_do(tmp_path:
         conn.execute(insert(Checking).values(custid=1, balance=7))
 
     def row_check() -> Check:
-        return next(c for c in invariants.checks(engine) if c.name == CHECK)
+        return next(c for c in invariants.checks(engine) if c.name == ROWS_CHECK)
 
     assert row_check().passed, row_check().detail
     with engine.begin() as conn:
