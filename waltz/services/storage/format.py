@@ -42,6 +42,7 @@ __all__ = [
     "HEADER_SIZE",
     "INDEX_ENTRY_SIZE",
     "INDEX_SUFFIX",
+    "LOST_INDEX_MARK",
     "MAX_DATA_LENGTH",
     "PARTITION_INFO_SIZE",
     "PARTITION_INFO_STRUCT_SIZE",
@@ -57,6 +58,7 @@ __all__ = [
     "RecordProblem",
     "SegmentHeader",
     "WireRow",
+    "checkpoint_written",
     "column_rows",
     "control_file_size",
     "decode_control_file",
@@ -72,6 +74,7 @@ __all__ = [
     "fence_slot_offset",
     "iter_records",
     "kept_unassigned",
+    "lost_index_name",
     "now_ms",
     "partition_directories",
     "partition_entry_offset",
@@ -618,3 +621,24 @@ def decode_offsets(data: bytes) -> list[int]:
     """Decode a run of 8-byte index entries (a trailing partial entry is ignored)."""
     count = len(data) // INDEX_ENTRY_SIZE
     return list(struct.unpack(f">{count}q", data[: count * INDEX_ENTRY_SIZE]))
+
+
+#: What a kept index of lost records adds to its index file's name, before the first lost
+#: transaction ID (docs/format.md, "Durability rules").
+LOST_INDEX_MARK: Final = ".lost-"
+
+
+def lost_index_name(index_name: str, first_lost: int) -> str:
+    """The name an index listing flushed records the data file lost is kept under
+    (``<index file>.lost-<first_lost>``; docs/format.md, "Durability rules")."""
+    return f"{index_name}{LOST_INDEX_MARK}{first_lost}"
+
+
+def checkpoint_written(offset: int, previous: int | None) -> bool:
+    """Whether a checkpoint's index entry ``offset`` follows the entry before it (``previous``,
+    None for the first entry) as a written entry does; a torn write of the index leaves bytes that
+    do not (docs/format.md, "Durability rules"). A written checkpoint at or past the end of the
+    data file lists records that were flushed and lost."""
+    if previous is None:
+        return offset >= HEADER_SIZE
+    return HEADER_SIZE <= previous < offset

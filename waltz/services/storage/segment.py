@@ -335,16 +335,14 @@ class Segment:
         if len(raw) != wanted:
             return False
         offsets = fmt.decode_offsets(raw)
-        previous, lowest = (
-            (offsets[0], fmt.HEADER_SIZE) if entry > 0 else (fmt.HEADER_SIZE - 1, fmt.HEADER_SIZE - 1)
-        )
-        return lowest <= previous < offsets[-1] and offsets[-1] >= file_size
+        previous = offsets[0] if entry > 0 else None
+        return fmt.checkpoint_written(offsets[-1], previous) and offsets[-1] >= file_size
 
     def _report_lost_records(self, first_lost: int, last_lost: int) -> None:
         """Log the flushed records of ``first_lost`` to ``last_lost`` that the data file lost, and
         keep the index that lists them as ``<index file>.lost-<first_lost>`` (start-up never
         reads it; ``waltz disk verify`` reports it as an ERROR until it is removed)."""
-        target = self.index_path.with_name(f"{self.index_path.name}.lost-{first_lost}")
+        target = self.index_path.with_name(fmt.lost_index_name(self.index_path.name, first_lost))
         kept = ""
         try:
             fd = open_private(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)

@@ -449,9 +449,9 @@ def _check_lost_records(
     checkpoint = (index.entry_count // interval) * interval
     while checkpoint > 0:
         offset = index.entry(checkpoint - 1)
-        previous = index.entry(checkpoint - 2) if checkpoint > 1 else fmt.HEADER_SIZE - 1
-        lowest = fmt.HEADER_SIZE if checkpoint > 1 else fmt.HEADER_SIZE - 1
-        if offset is not None and previous is not None and lowest <= previous < offset:
+        previous = index.entry(checkpoint - 2) if checkpoint > 1 else None
+        readable = checkpoint == 1 or previous is not None
+        if offset is not None and readable and fmt.checkpoint_written(offset, previous):
             if offset >= segment.file_size and state.expected < index.entry_count:
                 first = segment.header.first_transaction_id
                 _Problems(index.path, out.partition_id, out.found).add(
@@ -460,7 +460,8 @@ def _check_lost_records(
                     f"lost: index checkpoint entry {checkpoint - 1} holds offset {offset}, beyond the "
                     f"end of the data file ({segment.file_size} bytes), and the data is flushed before "
                     "each checkpoint; start-up cuts them from the index (keeping it as "
-                    f"{index.path.name}.lost-{first + state.expected}). Restore the data file from a "
+                    f"{fmt.lost_index_name(index.path.name, first + state.expected)}). Restore the "
+                    "data file from a "
                     "backup, or let the cluster's recovery copy them back from other replicas",
                     index.entry_offset(checkpoint - 1),
                     first + checkpoint - 1,
@@ -501,9 +502,10 @@ def _segment_paths(
                 "a segment with this first transaction ID"
             )
             out.append(Problem(Severity.WARNING, message, index_path, partition_id))
-    for kept in sorted(directory.glob("*" + fmt.INDEX_SUFFIX + ".lost-*")):
+    for kept in sorted(directory.glob("*" + fmt.INDEX_SUFFIX + fmt.LOST_INDEX_MARK + "*")):
+        first_lost = kept.name.rpartition(fmt.LOST_INDEX_MARK)[2]
         message = (
-            f"start-up found transactions from {kept.name.rpartition('-')[2]} on, which this kept "
+            f"start-up found transactions from {first_lost} on, which this kept "
             "index lists and whose data had been flushed, missing from the data file: they were "
             "lost. Restore them from a backup or let the cluster's recovery copy them back from "
             "other replicas, then remove this file"
