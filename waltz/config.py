@@ -310,7 +310,7 @@ def _unparsed_variable(cls: type[S], exc: SettingsError) -> str:
     if field not in cls.model_fields:
         return f"invalid configuration: {exc}"
     return (
-        f"invalid configuration: the environment variable {_variable_of(cls, field)} must be JSON, "
+        f"invalid configuration: the environment variable {cls.env_variable(field)} must be JSON, "
         f"as docs/configuration.md shows (a list is written [0, 1]); {field} could not be read from it"
     )
 
@@ -336,7 +336,7 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
     (:data:`waltz.logs.IGNORED_VARIABLES_LOGGER`)."""
     if not cls.ENV_GROUPS:
         return
-    known = [_variable_of(cls, field) for field in cls.model_fields]
+    known = [cls.env_variable(field) for field in cls.model_fields]
     for name in sorted(environ):
         if not name.startswith(cls.ENV_GROUPS) or name in known or (cls.__name__, name) in _warned_variables:
             continue
@@ -352,15 +352,10 @@ def _warn_of_misspelt_variables(cls: type[WaltzSettings], environ: Mapping[str, 
             )
 
 
-def _variable_of(cls: type[WaltzSettings], field: str) -> str:
-    """The environment variable of a setting (``WALTZ_CLIENT_AUTO_MOUNT``)."""
-    return cls.env_variable(field)
-
-
 def _where_to_set(cls: type[WaltzSettings], field: str, environ: Mapping[str, str]) -> str:
     """Where a missing setting is given: its environment variable, its key in a file, and a set
     variable that nearly spells the first (``WALTZ_ZOOKEPER_CONNECT_STRING``)."""
-    variable = _variable_of(cls, field)
+    variable = cls.env_variable(field)
     key = cls.file_key(field)
     ways = [f"the environment variable {variable}"] + ([f"{key} in a configuration file"] if key else [])
     text = f"not set: give {' or '.join(ways)}, or the argument {field}="
@@ -386,7 +381,7 @@ def _sources(
     variables = {name.upper() for name in environ}
     sources: dict[str, str] = {}
     for field in cls.model_fields:
-        variable = _variable_of(cls, field)
+        variable = cls.env_variable(field)
         if field in given:
             sources[field] = "a command option or argument"
         elif variable in variables:
@@ -414,7 +409,7 @@ def _explained(cls: type[S], exc: ValidationError, sources: Mapping[str, str] | 
         key = cls.file_key(field)
         ways = [f"{key} in a --config file"] if key else []
         if field in cls.model_fields:
-            ways.append(f"the environment variable {_variable_of(cls, field)}")
+            ways.append(f"the environment variable {cls.env_variable(field)}")
         where = ", ".join(ways)
         if error.get("type") == "missing":
             lines.append(f"- {field} is not set: give {where or 'it'}, or the command's option for it")
