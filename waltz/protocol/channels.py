@@ -173,19 +173,29 @@ def missing_tls_file(settings: str, files: dict[str, Path | None]) -> str | None
     return None
 
 
-def check_server_tls_files(cert_file: Path, key_file: Path, ca_file: Path | None, settings: str) -> None:
+def check_server_tls_files(
+    cert_file: Path | None, key_file: Path | None, ca_file: Path | None, settings: str
+) -> None:
     """Check that a node's TLS files can be used, before gRPC is given them (gRPC says only that
     the port cannot be bound, or raises on a missing file).
 
     Args:
-        cert_file: the certificate chain (PEM).
-        key_file: its private key (PEM).
+        cert_file: the certificate chain (PEM), or None.
+        key_file: its private key (PEM), or None.
         ca_file: the CA bundle of the peers' certificates (PEM), or None.
         settings: the settings' prefix, for the message (``storage.ssl``, ``server.ssl``).
+
+    With a certificate and its key, all three are checked; without both (a node that serves
+    plaintext, which its own configuration refuses or accepts), only that a CA file given is there.
 
     Raises:
         TlsFilesError: which file, which setting, and what is wrong with it.
     """
+    if cert_file is None or key_file is None:
+        missing = missing_tls_file(settings, {"caFile": ca_file})
+        if missing is not None:
+            raise TlsFilesError(missing)
+        return
     _check_tls_files(settings, cert_file, key_file, ca_file, variables=None, purpose=ssl.PROTOCOL_TLS_SERVER)
 
 

@@ -12,7 +12,7 @@ from waltz.config import Port, WaltzSettings
 from waltz.errors import MetadataError
 from waltz.metadata.values import check_connect_string
 from waltz.metadata.zk_security import ZOOKEEPER_SECURITY_KEYS, ZooKeeperSettings
-from waltz.protocol.channels import TlsConfig, TlsFilesError, check_server_tls_files, missing_tls_file
+from waltz.protocol.channels import TlsConfig, check_server_tls_files
 from waltz.services.exposure import plaintext_refusal
 from waltz.services.server.appends import (
     DEFAULT_MAX_LOCK_HASHES_PER_APPEND,
@@ -279,14 +279,9 @@ class ServerConfig(WaltzSettings, ZooKeeperSettings):
         Raises:
             TlsFilesError: which setting, which file, and what is wrong with it.
         """
-        if self.server_tls_cert_file is not None and self.server_tls_key_file is not None:
-            check_server_tls_files(
-                self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file, "server.ssl"
-            )
-        else:
-            missing = missing_tls_file("server.ssl", {"caFile": self.server_tls_ca_file})
-            if missing is not None:
-                raise TlsFilesError(missing)
+        check_server_tls_files(
+            self.server_tls_cert_file, self.server_tls_key_file, self.server_tls_ca_file, "server.ssl"
+        )
         tls = self.store_config().tls
         if tls is not None:
             tls.check_files(("storage.ssl", "WALTZ_STORE_TLS"))

@@ -11,9 +11,7 @@ from pydantic_settings import SettingsConfigDict
 from waltz.config import Port, WaltzSettings
 from waltz.protocol.channels import (
     DEFAULT_MAX_MESSAGE_BYTES,
-    TlsFilesError,
     check_server_tls_files,
-    missing_tls_file,
 )
 from waltz.services.exposure import plaintext_refusal
 from waltz.services.storage.node import DEFAULT_INLINE_APPEND_STREAMS
@@ -163,9 +161,4 @@ class StorageConfig(WaltzSettings):
         Raises:
             TlsFilesError: which setting, which file, and what is wrong with it.
         """
-        if self.tls_cert_file is not None and self.tls_key_file is not None:
-            check_server_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_file, "storage.ssl")
-        else:
-            missing = missing_tls_file("storage.ssl", {"caFile": self.tls_ca_file})
-            if missing is not None:
-                raise TlsFilesError(missing)
+        check_server_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_file, "storage.ssl")
